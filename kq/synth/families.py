@@ -1,0 +1,124 @@
+"""The registry: family names, their options (default + one-line description), and the
+step that turns (family, seed, options) into a Layout, a shard assignment and side files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from . import glm5
+from .assemble import assign, dump_json, split_scales
+from .layout import Layout
+from . import tokfiles
+
+
+@dataclass(frozen=True)
+class Option:
+    default: Any
+    help: str
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    description: str
+    options: dict[str, Option]
+    make: Callable[["Plan", dict], None] = field(repr=False)
+
+
+@dataclass
+class Plan:
+    layout: Layout
+    files: dict[str, str | bytes]
+    assignment: dict[str, str] = field(default_factory=dict)
+    index: bool = True
+    overwrite: bool = False
+    moved_scales: list[str] = field(default_factory=list)
+
+
+COMMON = {
+    "n_shards": Option(3, "number of safetensors shards (ignored when max_shard_bytes is set)"),
+    "max_shard_bytes": Option(None, "cut shards at about this many bytes instead of n_shards"),
+    "shard_names": Option("padded", "'padded' (model-00001-of-00003) or 'unpadded' (model-1-of-3)"),
+    "split_scale": Option(False, "odd case: put every other weight's scale in the next shard"),
+    "prefix": Option("", "odd case: prefix every tensor name, e.g. 'language_model.'"),
+    "single_file": Option(False, "one model.safetensors and no index (n_shards forced to 1)"),
+    "size": Option("tiny", "'tiny' or 'full' (real layer shapes, few layers, small vocab)"),
+    "overwrite": Option(False, "replace a non-empty out_dir"),
+}
+
+MLA_OPTIONS = {
+    "num_layers": Option(None, "decoder layers (num_hidden_layers), MTP not counted"),
+    "hidden": Option(None, "hidden_size (need not be a multiple of 128: scales use ceil)"),
+    "intermediate": Option(None, "dense MLP intermediate_size"),
+    "moe_intermediate": Option(None, "routed/shared expert intermediate size"),
+    "n_experts": Option(None, "routed experts per MoE layer"),
+    "top_k": Option(None, "num_experts_per_tok"),
+    "first_k_dense": Option(None, "first_k_dense_replace: leading dense-MLP layers"),
+    "mtp": Option(None, "add the MTP layer at index num_layers"),
+    "vocab": Option(None, "vocab_size (embeddings and lm_head rows)"),
+    "heads": Option(None, "attention heads"),
+    "q_lora": Option(None, "q_lora_rank"),
+    "kv_lora": Option(None, "kv_lora_rank"),
+    "qk_nope": Option(None, "qk_nope_head_dim"),
+    "qk_rope": Option(None, "qk_rope_head_dim"),
+    "v_head": Option(None, "v_head_dim"),
+    "n_shared": Option(None, "shared experts (their intermediate is n_shared * moe_intermediate)"),
+    "fp8": Option("block", "'block' (128x128, weight_scale_inv) or 'channel' (odd case: per-channel weight_scale)"),
+    "scale_dtype": Option("BF16", "per-channel scale dtype when fp8='channel'"),
+}
+
+
+def _dims(fam_tiny: dict, fam_full: dict, o: dict) -> dict:
+    """Fill None options from the size preset."""
+    base = fam_full if o["size"] == "full" else fam_tiny
+    if o["size"] not in ("tiny", "full"):
+        raise ValueError(f"size must be 'tiny' or 'full', got {o['size']!r}")
+    return {k: (base[k] if v is None and k in base else v) for k, v in o.items()} | {
+        k: v for k, v in base.items() if k not in o}
+
+
+def make_glm5(plan: Plan, o: dict) -> None:
+    o = _dims(glm5.TINY, glm5.FULL, o)
+    cfg = glm5.build(plan.layout, o)
+    plan.files["config.json"] = dump_json(cfg)
+    plan.files["generation_config.json"] = dump_json(glm5.GENERATION_CONFIG)
+    plan.files["tokenizer.json"] = tokfiles.tokenizer_json(["<|endoftext|>", "<|pad|>"])
+    plan.files["tokenizer_config.json"] = dump_json({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
+        "pad_token": "<|pad|>", "model_max_length": o["max_position"]})
+
+
+FAMILIES: dict[str, Family] = {
+    "glm5": Family(
+        "glm5",
+        "GLM-5.x GlmMoeDsaForCausalLM (glm_moe_dsa): block FP8, MLA + DSA indexer, MTP layer",
+        COMMON | MLA_OPTIONS | {
+            "indexer_types": Option("glm5.2", "'glm5.2' (full if i<3 or i%4==2, else shared), 'full' (GLM-5/5.1: no key), or a list"),
+            "index_heads": Option(None, "index_n_heads"),
+            "index_head_dim": Option(None, "index_head_dim"),
+            "index_topk": Option(None, "index_topk (config only)"),
+        },
+        make_glm5,
+    ),
+}
+
+
+def build(family: str, seed: int, options: dict) -> Plan:
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
+    fam = FAMILIES[family]
+    unknown = set(options) - set(fam.options)
+    if unknown:
+        raise TypeError(f"{family}: unknown option(s) {sorted(unknown)}; valid: {sorted(fam.options)}")
+    o = {k: opt.default for k, opt in fam.options.items()} | options
+    plan = Plan(Layout(seed, prefix=o["prefix"]), {}, overwrite=o["overwrite"])
+    fam.make(plan, o)
+    if o["single_file"]:
+        plan.assignment = {e.name: "model.safetensors" for e in plan.layout.entries}
+        plan.index = False
+    else:
+        plan.assignment = assign(plan.layout, o["n_shards"], o["max_shard_bytes"], o["shard_names"])
+    if o["split_scale"]:
+        plan.moved_scales = split_scales(plan.layout, plan.assignment)
+    return plan
