@@ -1,0 +1,58 @@
+"""W4A16 kernels: INT4 weights (symmetric, group 32/64/128, bf16 scales) x bf16 activations.
+
+Public API (CUDA tensors run the Triton kernels, anything else the torch reference):
+    prepack_linear(weight_packed [N, K/8] int32, weight_scale [N, K/g], group) -> PrepackedLinear
+    prepack_moe(w13_packed [E, 2I, H/8], w13_scale [E, 2I, H/g], w2_packed [E, H, I/8],
+                w2_scale [E, H, I/g], group) -> PrepackedMoE
+    w4a16_linear(x [..., K] bf16, w: PrepackedLinear) -> [..., N]
+    fused_moe_w4a16(x [T, H] bf16, pp: PrepackedMoE, topk_weights [T, k] f32, topk_ids [T, k] int32,
+                    *, expert_map=None, routed_scaling_factor=1.0) -> [T, H]
+The same two ops, in plain torch, are in kq.kernels.reference.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import reference
+from .layout import PrepackedLinear, PrepackedMoE, prepack_linear, prepack_moe
+
+__all__ = ["PrepackedLinear", "PrepackedMoE", "prepack_linear", "prepack_moe", "w4a16_linear",
+           "fused_moe_w4a16", "reference", "triton_available"]
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _use_triton(x: torch.Tensor) -> bool:
+    return x.is_cuda and triton_available()
+
+
+def w4a16_linear(x: torch.Tensor, w: PrepackedLinear) -> torch.Tensor:
+    """y = x @ W^T with W the int4 weight of `w`."""
+    if x.shape[-1] != w.in_features:
+        raise ValueError(f"w4a16_linear: x has {x.shape[-1]} input features, the weight {w.in_features}")
+    if _use_triton(x):
+        from .triton_ops import w4a16_linear as fast
+        return fast(x, w)
+    return reference.w4a16_linear(x, w)
+
+
+def fused_moe_w4a16(x: torch.Tensor, pp: PrepackedMoE, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                    *, expert_map: torch.Tensor | None = None, routed_scaling_factor: float = 1.0) -> torch.Tensor:
+    """Routed-expert MoE: gate+up -> SiLU*mul -> down, weighted by topk_weights, summed over top-k."""
+    if x.dim() != 2 or x.shape[1] != pp.hidden:
+        raise ValueError(f"fused_moe_w4a16: x must be [T, {pp.hidden}], got {tuple(x.shape)}")
+    if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"fused_moe_w4a16: topk_ids {tuple(topk_ids.shape)} and topk_weights "
+                         f"{tuple(topk_weights.shape)} must both be [T={x.shape[0]}, k]")
+    if _use_triton(x):
+        from .triton_ops import fused_moe_w4a16 as fast
+        return fast(x, pp, topk_weights, topk_ids, expert_map=expert_map,
+                    routed_scaling_factor=routed_scaling_factor)
+    return reference.fused_moe_w4a16(x, pp, topk_weights, topk_ids, expert_map=expert_map,
+                                     routed_scaling_factor=routed_scaling_factor)

@@ -1,0 +1,138 @@
+"""The one Triton W4A16 GEMM kernel behind both the dense linear and the fused-MoE stages.
+
+out[row, n] = sum_k a[a_row, k] * (nibble[k, n] - 8) * scale[k // G, n]
+
+Rows come either straight (dense: rows pid_m*BM ..) or from a routing table (MoE: a block of
+pairs that all go to one expert). Weights are in the prepacked layout of `layout.py`.
+
+Dequantization without int->float conversions: a nibble c is or-ed into the mantissa of the
+bf16 number 128.0 (bits 0x4300), which gives exactly 128 + c.  With c = q + 8 the tensor core
+computes sum x*(136 + q); the kernel subtracts 136 * sum(x) over the same inputs before it
+applies the group scale, once per group and output (so the scale is applied after the dot, on
+fp32 partial sums, not on every weight).
+"""
+import triton
+import triton.language as tl
+
+MAGIC_BIAS = 136.0    # 128 (the 0x4300 exponent) + 8 (the nibble offset)
+
+
+@triton.jit
+def w4a16_gemm_kernel(
+    a_ptr, stride_am,                       # activations [rows, K] bf16, K contiguous
+    q_ptr, stride_qe, stride_qk,            # prepacked int32 [E, Kp/8, NW], NW contiguous
+    s_ptr, stride_se, stride_sg,            # scales bf16 [E, Kp/G, NW]
+    out_ptr, stride_os, stride_om,          # out [SPLIT, rows_out, width], width contiguous
+    pairs_ptr, blk_expert_ptr, blk_start_ptr, blk_count_ptr,   # MoE routing table (unused if DENSE)
+    M, N, K, up_offset, kblocks_per_split,
+    A_ROW_DIV: tl.constexpr,                # MoE stage 1: a row = pair // top_k; else 1
+    GROUP: tl.constexpr,
+    DENSE: tl.constexpr,
+    GATED: tl.constexpr,                    # w13: columns n (gate) and up_offset + n (up)
+    SPLIT_K: tl.constexpr,                  # > 1: write fp32 partial sums, a reduce kernel finishes
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_F32: tl.constexpr = False,          # Triton's CPU interpreter mis-multiplies bf16 dots
+):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_s = tl.program_id(2)
+
+    offs_m = tl.arange(0, BLOCK_M)
+    if DENSE:
+        expert = tl.program_id(2) * 0          # one matrix; a tensor so .to() works in both branches
+        rows = pid_m * BLOCK_M + offs_m
+        row_mask = rows < M
+        a_rows = rows
+        out_rows = rows
+    else:
+        expert = tl.load(blk_expert_ptr + pid_m)
+        if expert < 0:              # a block the routing did not use (grid sized for the worst case)
+            return
+        start = tl.load(blk_start_ptr + pid_m)
+        count = tl.load(blk_count_ptr + pid_m)
+        row_mask = offs_m < count
+        out_rows = tl.load(pairs_ptr + start + offs_m, mask=row_mask, other=0)
+        a_rows = out_rows // A_ROW_DIV
+
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_w = tl.arange(0, 16)
+    offs_k16 = tl.arange(0, 16)
+
+    q_base = q_ptr + expert.to(tl.int64) * stride_qe
+    s_base = s_ptr + expert.to(tl.int64) * stride_se
+    a_base = a_ptr + a_rows.to(tl.int64)[:, None] * stride_am          # [BM, 1] row pointers
+
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    SUBS_PER_GROUP: tl.constexpr = (GROUP if GROUP < 128 else 128) // 16
+
+    kb_lo = pid_s * kblocks_per_split          # the host makes SPLIT_K divide the K blocks
+    for kb_i in range(0, kblocks_per_split):
+        kb = kb_lo + kb_i
+        q_ptrs = q_base + (kb * 16 + offs_w)[:, None] * stride_qk + offs_n[None, :]
+        wg = tl.load(q_ptrs, mask=n_mask[None, :], other=0)                     # [16, BN] int32
+        if GATED:
+            wu = tl.load(q_ptrs + up_offset, mask=n_mask[None, :], other=0)
+        part_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        part_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        xsum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for j in tl.static_range(8):
+            kk = kb * 128 + j * 16 + offs_k16
+            x = tl.load(a_base + kk[None, :], mask=row_mask[:, None] & (kk < K)[None, :], other=0.0)
+            cg = (((wg >> (4 * j)) & 0xF) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
+            if DOT_F32:
+                part_g = tl.dot(x.to(tl.float32), cg.to(tl.float32), part_g)
+            else:
+                part_g = tl.dot(x, cg, part_g)
+            if GATED:
+                cu = (((wu >> (4 * j)) & 0xF) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
+                if DOT_F32:
+                    part_u = tl.dot(x.to(tl.float32), cu.to(tl.float32), part_u)
+                else:
+                    part_u = tl.dot(x, cu, part_u)
+            xsum += tl.sum(x.to(tl.float32), axis=1)
+            if (j + 1) % SUBS_PER_GROUP == 0:
+                g = (kb * 128 + j * 16) // GROUP
+                sg = tl.load(s_base + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+                acc_g += (part_g - 136.0 * xsum[:, None]) * sg[None, :]
+                part_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                if GATED:
+                    su = tl.load(s_base + g * stride_sg + up_offset + offs_n, mask=n_mask,
+                                 other=0.0).to(tl.float32)
+                    acc_u += (part_u - 136.0 * xsum[:, None]) * su[None, :]
+                    part_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                xsum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+
+    o_mask = row_mask[:, None] & n_mask[None, :]
+    o_ptrs = out_ptr + pid_s.to(tl.int64) * stride_os + out_rows.to(tl.int64)[:, None] * stride_om \
+        + offs_n[None, :]
+    if SPLIT_K > 1:
+        tl.store(o_ptrs, acc_g, mask=o_mask)
+        if GATED:
+            tl.store(o_ptrs + N, acc_u, mask=o_mask)
+    else:
+        if GATED:
+            y = acc_g * tl.sigmoid(acc_g) * acc_u
+        else:
+            y = acc_g
+        tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=o_mask)
+
+
+@triton.jit
+def splitk_reduce_kernel(part_ptr, stride_ps, stride_pm, out_ptr, stride_om, R, N,
+                         SPLIT_K: tl.constexpr, GATED: tl.constexpr, BLOCK: tl.constexpr):
+    """out[r, n] = sum_s part[s, r, n]  (GATED: silu(sum gate) * sum up, up at column N + n)."""
+    r = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    g = tl.zeros((BLOCK,), dtype=tl.float32)
+    u = tl.zeros((BLOCK,), dtype=tl.float32)
+    base = part_ptr + r.to(tl.int64) * stride_pm
+    for s in tl.static_range(SPLIT_K):
+        g += tl.load(base + s * stride_ps + offs, mask=mask, other=0.0)
+        if GATED:
+            u += tl.load(base + s * stride_ps + N + offs, mask=mask, other=0.0)
+    if GATED:
+        g = g * tl.sigmoid(g) * u
+    tl.store(out_ptr + r.to(tl.int64) * stride_om + offs, g.to(out_ptr.dtype.element_ty), mask=mask)

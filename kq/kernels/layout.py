@@ -1,0 +1,158 @@
+"""Weight layouts: the compressed-tensors checkpoint layout and kq's prepacked kernel layout.
+
+Checkpoint (compressed-tensors `pack-quantized`, symmetric int4):
+    weight_packed [N, K/8] int32   input column 8w+k in bits [4k, 4k+4) of word w, stored nibble = q + 8
+    weight_scale  [N, K/g] bf16    W[n, k] = (nibble - 8) * scale[n, k // g]
+
+Prepacked (what the Triton kernels stream), per matrix of N outputs and K inputs:
+    q [Kp/8, N] int32   Kp = K rounded up to PACK_K (128); N is the contiguous axis, so a tile of
+                        BLOCK_N columns is one run of 4*BLOCK_N bytes per row (16-byte loads).
+                        Inside each 128-row block b of K, word w (0..15) of that block holds in
+                        nibble j (bits [4j, 4j+4)) input k = 128*b + 16*j + w.  Shifting a
+                        [16, BLOCK_N] tile of words by 4j therefore yields the 16 consecutive
+                        inputs 128b+16j .. 128b+16j+15: one tensor-core dot of K=16 per nibble,
+                        with no interleave and no reshape in the kernel.
+    s [Kp/g, N] bf16    the scales transposed (N contiguous); padded groups have scale 0.
+Padded inputs (K < k < Kp) hold nibble 8 (q = 0), so they add nothing.
+
+Everything here is plain torch and runs on any device; prepacking is done once at load time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+PACK_K = 128            # rows of K per prepacked block (8 nibbles x 16 words)
+_SUB = PACK_K // 8      # consecutive inputs per nibble plane
+GROUP_SIZES = (32, 64, 128)
+_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)       # bit offset of nibble 0..7
+
+
+def unpack_checkpoint_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """[..., K/8] int32 -> [..., K] uint8 stored nibbles (0..15, q + 8), column order restored."""
+    nib = (packed.unsqueeze(-1) >> _SHIFTS.to(packed.device)) & 0xF    # [..., K/8, 8]
+    return nib.to(torch.uint8).flatten(-2)
+
+
+def pack_checkpoint_nibbles(nibbles: torch.Tensor) -> torch.Tensor:
+    """Inverse of unpack_checkpoint_nibbles: [..., K] values 0..15 -> [..., K/8] int32."""
+    n = nibbles.to(torch.int32).unflatten(-1, (-1, 8))                 # [..., K/8, 8]
+    out = torch.zeros(n.shape[:-1], dtype=torch.int32, device=n.device)
+    for k in range(8):
+        out |= n[..., k] << (4 * k)          # int32 shift wraps for k = 7: bits are what matter
+    return out
+
+
+def padded_k(k: int) -> int:
+    return -(-k // PACK_K) * PACK_K
+
+
+def _check_group(group: int, k: int, what: str) -> None:
+    if group not in GROUP_SIZES:
+        raise ValueError(f"{what}: group size {group} is not one of {GROUP_SIZES}")
+    if k % group:
+        raise ValueError(f"{what}: input size {k} is not a multiple of the group size {group}")
+
+
+def prepack_matrix(packed: torch.Tensor, scale: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checkpoint layout -> prepacked layout for a stack of matrices.
+
+    packed [E, N, K/8] int32, scale [E, N, K/g] -> (q [E, Kp/8, N] int32, s [E, Kp/g, N] bf16).
+    Works expert by expert so peak extra memory is one expert's unpacked codes.
+    """
+    E, N, K8 = packed.shape
+    K = K8 * 8
+    _check_group(group, K, "prepack")
+    if scale.shape != (E, N, K // group):
+        raise ValueError(f"prepack: scale shape {tuple(scale.shape)} != {(E, N, K // group)} "
+                         f"for weight_packed {tuple(packed.shape)} and group {group}")
+    Kp = padded_k(K)
+    q = torch.empty(E, Kp // 8, N, dtype=torch.int32, device=packed.device)
+    s = torch.zeros(E, Kp // group, N, dtype=torch.bfloat16, device=packed.device)
+    s[:, : K // group] = scale.transpose(1, 2).to(torch.bfloat16)
+    for e in range(E):
+        codes = unpack_checkpoint_nibbles(packed[e])                      # [N, K]
+        if Kp != K:
+            codes = torch.nn.functional.pad(codes, (0, Kp - K), value=8)  # q = 0 in the padding
+        # k = 128 b + 16 j + w  ->  [b, w, j, N]
+        c = codes.view(N, Kp // PACK_K, 8, _SUB).permute(1, 3, 2, 0).to(torch.int32)
+        word = torch.zeros(Kp // PACK_K, _SUB, N, dtype=torch.int32, device=packed.device)
+        for j in range(8):
+            word |= c[:, :, j, :] << (4 * j)
+        q[e] = word.reshape(Kp // 8, N)
+    return q, s
+
+
+def prepacked_nibbles(q: torch.Tensor, k: int) -> torch.Tensor:
+    """Prepacked q [E, Kp/8, N] -> stored nibbles [E, N, K] uint8 in natural column order."""
+    E, Kp8, N = q.shape
+    Kp = Kp8 * 8
+    w = q.view(E, Kp // PACK_K, _SUB, N)                                   # [E, b, w, N]
+    nib = (w.unsqueeze(3) >> _SHIFTS.to(q.device).view(1, 1, 1, 8, 1)) & 0xF   # [E, b, w, j, N]
+    codes = nib.permute(0, 4, 1, 3, 2).reshape(E, N, Kp)                   # k = 128b + 16j + w
+    return codes[:, :, :k].to(torch.uint8)
+
+
+def dequantize_prepacked(q: torch.Tensor, s: torch.Tensor, k: int, group: int,
+                         dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Prepacked (q, s) -> dense weights [E, N, K] in `dtype`."""
+    codes = prepacked_nibbles(q, k).to(dtype) - 8
+    scale = s[:, : k // group].transpose(1, 2).to(dtype)                    # [E, N, K/g]
+    return codes * scale.repeat_interleave(group, dim=-1)
+
+
+@dataclass(frozen=True)
+class PrepackedLinear:
+    """One W4A16 linear in kernel layout. q [Kp/8, N] int32, s [Kp/g, N] bf16; y = x @ W^T."""
+    q: torch.Tensor
+    s: torch.Tensor
+    out_features: int
+    in_features: int
+    group: int
+
+
+@dataclass(frozen=True)
+class PrepackedMoE:
+    """A layer's routed experts in kernel layout.
+
+    w13: gate and up stacked along the output dim ([gate; up], SGLang's w13), q [E, Hp/8, 2I], s [E, Hp/g, 2I]
+    w2:  down, q [E, Ip/8, H], s [E, Ip/g, H]
+    """
+    w13_q: torch.Tensor
+    w13_s: torch.Tensor
+    w2_q: torch.Tensor
+    w2_s: torch.Tensor
+    num_experts: int
+    hidden: int
+    intermediate: int
+    group: int
+
+
+def prepack_linear(weight_packed: torch.Tensor, weight_scale: torch.Tensor, group: int) -> PrepackedLinear:
+    """weight_packed [N, K/8] int32, weight_scale [N, K/g] -> PrepackedLinear."""
+    if weight_packed.dtype != torch.int32 or weight_packed.dim() != 2:
+        raise ValueError(f"prepack_linear: weight_packed must be 2-D int32, got {weight_packed.dim()}-D "
+                         f"{weight_packed.dtype}")
+    N, K8 = weight_packed.shape
+    q, s = prepack_matrix(weight_packed.unsqueeze(0), weight_scale.unsqueeze(0), group)
+    return PrepackedLinear(q=q[0], s=s[0], out_features=N, in_features=K8 * 8, group=group)
+
+
+def prepack_moe(w13_packed: torch.Tensor, w13_scale: torch.Tensor, w2_packed: torch.Tensor,
+                w2_scale: torch.Tensor, group: int) -> PrepackedMoE:
+    """w13_packed [E, 2I, H/8], w13_scale [E, 2I, H/g], w2_packed [E, H, I/8], w2_scale [E, H, I/g]."""
+    for name, t in (("w13_packed", w13_packed), ("w2_packed", w2_packed)):
+        if t.dtype != torch.int32 or t.dim() != 3:
+            raise ValueError(f"prepack_moe: {name} must be 3-D int32, got {t.dim()}-D {t.dtype}")
+    E, two_i, h8 = w13_packed.shape
+    H = h8 * 8
+    if two_i % 2:
+        raise ValueError(f"prepack_moe: w13 has {two_i} output rows; expected [gate; up] (an even number)")
+    I = two_i // 2
+    if tuple(w2_packed.shape) != (E, H, I // 8):
+        raise ValueError(f"prepack_moe: w2_packed shape {tuple(w2_packed.shape)} != {(E, H, I // 8)} "
+                         f"implied by w13_packed {tuple(w13_packed.shape)}")
+    w13_q, w13_s = prepack_matrix(w13_packed, w13_scale, group)
+    w2_q, w2_s = prepack_matrix(w2_packed, w2_scale, group)
+    return PrepackedMoE(w13_q, w13_s, w2_q, w2_s, num_experts=E, hidden=H, intermediate=I, group=group)

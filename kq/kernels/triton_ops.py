@@ -1,0 +1,175 @@
+"""Launch wrappers for the Triton W4A16 ops: the dense linear and the fused MoE.
+
+No host synchronisation and no allocation whose size depends on routing data: every buffer
+and grid is sized from (T, top_k, E, shapes), so a call can be captured in a CUDA graph.
+Tile configs come from a fixed heuristic (no autotuning at run time); `config` lets the
+benchmark try others.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from .gemm_kernel import splitk_reduce_kernel, w4a16_gemm_kernel
+from .layout import PACK_K, PrepackedLinear, PrepackedMoE
+from .moe_combine import combine_topk_kernel
+from .moe_routing import max_blocks, moe_align_kernel
+
+
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+
+
+def _split_for(programs: int, kblocks: int, sms: int) -> int:
+    """Split K until the grid covers the SMs about twice, keeping >= 2 K blocks per split."""
+    split = 1
+    while programs * split < 2 * sms and kblocks % (split * 2) == 0 and kblocks // (split * 2) >= 2:
+        split *= 2
+    return split
+
+
+def dense_config(m: int, n: int, k: int, sms: int) -> TileConfig:
+    if m <= 16:
+        bm, bn = 16, 64
+    elif m <= 64:
+        bm, bn = 64, 64
+    else:
+        return TileConfig(128, 128, 1, num_warps=8, num_stages=3)
+    kblocks = -(-k // PACK_K)
+    return TileConfig(bm, bn, _split_for(triton.cdiv(m, bm) * triton.cdiv(n, bn), kblocks, sms))
+
+
+def moe_configs(pairs: int, e: int, h: int, i: int, sms: int) -> tuple[TileConfig, TileConfig]:
+    """(gate+up config, down config) for `pairs` = tokens * top_k routed over `e` experts."""
+    bm = 16 if pairs <= 4 * e else 64
+    bn1 = 64
+    blocks = max_blocks(pairs, e, bm)
+    split1 = _split_for(blocks * triton.cdiv(i, bn1), -(-h // PACK_K), sms) if bm == 16 else 1
+    return TileConfig(bm, bn1, split1), TileConfig(bm, 128 if bm == 64 else 64, 1)
+
+
+def _launch_gemm(a, q, s, out, k, n, group, cfg: TileConfig, *, rows=0, routing=None, a_row_div=1,
+                 gated=False, up_offset=0):
+    kblocks = -(-k // PACK_K)
+    if kblocks % cfg.split_k:
+        raise ValueError(f"split_k {cfg.split_k} does not divide the {kblocks} K blocks of {PACK_K}")
+    per_split = kblocks // cfg.split_k
+    if routing is None:
+        pairs = blk_e = blk_s = blk_c = q                  # unused pointers in the dense case
+        m_blocks = triton.cdiv(rows, cfg.block_m)
+    else:
+        pairs, blk_e, blk_s, blk_c = routing
+        m_blocks = blk_e.numel()
+    qe = q.stride(0) if q.dim() == 3 else 0
+    se = s.stride(0) if s.dim() == 3 else 0
+    grid = (triton.cdiv(n, cfg.block_n), m_blocks, cfg.split_k)
+    w4a16_gemm_kernel[grid](
+        a, a.stride(0), q, qe, q.stride(-2), s, se, s.stride(-2),
+        out, out.stride(0) if out.dim() == 3 else 0, out.stride(-2),
+        pairs, blk_e, blk_s, blk_c,
+        rows, n, k, up_offset, per_split,
+        A_ROW_DIV=a_row_div, GROUP=group, DENSE=routing is None, GATED=gated,
+        SPLIT_K=cfg.split_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DOT_F32=_INTERPRETED,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _reduce(part, out, rows, n, gated):
+    block = 256
+    splitk_reduce_kernel[(rows, triton.cdiv(n, block))](
+        part, part.stride(0), part.stride(1), out, out.stride(0), rows, n,
+        SPLIT_K=part.shape[0], GATED=gated, BLOCK=block)
+
+
+def w4a16_linear(x: torch.Tensor, w: PrepackedLinear, *, config: TileConfig | None = None) -> torch.Tensor:
+    """x [..., K] bf16 -> [..., N] bf16 on CUDA."""
+    k, n = w.in_features, w.out_features
+    x2 = x.reshape(-1, k).contiguous()
+    m = x2.shape[0]
+    cfg = config or dense_config(m, n, k, _num_sms(x.device))
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if cfg.split_k == 1:
+        _launch_gemm(x2, w.q, w.s, out, k, n, w.group, cfg, rows=m)
+    else:
+        part = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device)
+        _launch_gemm(x2, w.q, w.s, part, k, n, w.group, cfg, rows=m)
+        _reduce(part, out, m, n, gated=False)
+    return out.reshape(*x.shape[:-1], n)
+
+
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, expert_map: torch.Tensor | None = None):
+    """Device-side routing table (see moe_routing.py): (pairs, blk_expert, blk_start, blk_count)."""
+    ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
+    p = ids.numel()
+    nb = max_blocks(p, num_experts, block_m)
+    dev = ids.device
+    pairs = torch.empty(p, dtype=torch.int32, device=dev)
+    blk_e = torch.empty(nb, dtype=torch.int32, device=dev)
+    blk_s = torch.empty(nb, dtype=torch.int32, device=dev)
+    blk_c = torch.empty(nb, dtype=torch.int32, device=dev)
+    emap = expert_map.to(device=dev, dtype=torch.int32).contiguous() if expert_map is not None else ids
+    moe_align_kernel[(num_experts + 1,)](
+        ids, emap, p, num_experts, nb, pairs, blk_e, blk_s, blk_c,
+        HAS_MAP=expert_map is not None, E_PAD=triton.next_power_of_2(num_experts + 1),
+        CHUNK=256, BLOCK_M=block_m)
+    return pairs, blk_e, blk_s, blk_c
+
+
+def moe_gate_up(x, pp: PrepackedMoE, routing, top_k: int, cfg: TileConfig) -> torch.Tensor:
+    """Stage 1: act[p] = silu(x[p // k] @ gate_e^T) * (x[p // k] @ up_e^T), [P, I] bf16."""
+    p = routing[0].numel()
+    h, i = pp.hidden, pp.intermediate
+    act = torch.empty(p, i, dtype=x.dtype, device=x.device)
+    if cfg.split_k == 1:
+        _launch_gemm(x, pp.w13_q, pp.w13_s, act, h, i, pp.group, cfg, routing=routing, a_row_div=top_k,
+                     gated=True, up_offset=i)
+    else:
+        part = torch.empty(cfg.split_k, p, 2 * i, dtype=torch.float32, device=x.device)
+        _launch_gemm(x, pp.w13_q, pp.w13_s, part, h, i, pp.group, cfg, routing=routing, a_row_div=top_k,
+                     gated=True, up_offset=i)
+        _reduce(part, act, p, i, gated=True)
+    return act
+
+
+def moe_down(act, pp: PrepackedMoE, routing, cfg: TileConfig) -> torch.Tensor:
+    """Stage 2: y[p] = act[p] @ down_e^T, [P, H] bf16 (rows of pairs with no local expert unwritten)."""
+    p = act.shape[0]
+    y = torch.empty(p, pp.hidden, dtype=act.dtype, device=act.device)
+    _launch_gemm(act, pp.w2_q, pp.w2_s, y, pp.intermediate, pp.hidden, pp.group, cfg, routing=routing)
+    return y
+
+
+def fused_moe_w4a16(x: torch.Tensor, pp: PrepackedMoE, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                    *, expert_map: torch.Tensor | None = None, routed_scaling_factor: float = 1.0,
+                    configs: tuple[TileConfig, TileConfig] | None = None) -> torch.Tensor:
+    """x [T, H] bf16 -> [T, H] bf16 on CUDA; see kq.kernels.reference.fused_moe_w4a16 for the maths."""
+    t, h = x.shape
+    k = topk_ids.shape[1]
+    x = x.contiguous()
+    cfg1, cfg2 = configs or moe_configs(t * k, pp.num_experts, h, pp.intermediate, _num_sms(x.device))
+    r1 = moe_align(topk_ids, pp.num_experts, cfg1.block_m, expert_map)
+    act = moe_gate_up(x, pp, r1, k, cfg1)
+    r2 = r1 if cfg2.block_m == cfg1.block_m else moe_align(topk_ids, pp.num_experts, cfg2.block_m, expert_map)
+    y = moe_down(act, pp, r2, cfg2)
+    out = torch.empty(t, h, dtype=x.dtype, device=x.device)
+    ids = topk_ids.to(torch.int32).contiguous()
+    emap = expert_map.to(device=x.device, dtype=torch.int32).contiguous() if expert_map is not None else ids
+    block = 512
+    combine_topk_kernel[(t, triton.cdiv(h, block))](
+        y, ids, emap, topk_weights.contiguous(), out, h, float(routed_scaling_factor),
+        TOPK=k, HAS_MAP=expert_map is not None, BLOCK=block)
+    return out
