@@ -153,6 +153,24 @@ class StreamingShardWriter:
         self._write(data)
         self.next += 1
 
+    def copy_from(self, name: str, src_path: str | Path, entry: TensorEntry, chunk: int = 16 << 20) -> None:
+        """Copy a kept tensor's bytes straight from its source file range, in chunks,
+        so a multi-GB embedding never sits in memory whole."""
+        if self.next >= len(self.order) or self.order[self.next] != name:
+            raise RuntimeError(f"tensor {name!r} written out of order")
+        if entry.nbytes != self.expected[name]:
+            raise RuntimeError(f"tensor {name!r}: {entry.nbytes} bytes, header says {self.expected[name]}")
+        with open(src_path, "rb") as f:
+            f.seek(entry.start)
+            left = entry.nbytes
+            while left:
+                b = f.read(min(chunk, left))
+                if not b:
+                    raise RuntimeError(f"{src_path}: ended early while copying {name}")
+                self._write(b)
+                left -= len(b)
+        self.next += 1
+
     def close(self) -> tuple[str, int]:
         if self.next != len(self.order):
             raise RuntimeError(f"{self.final.name}: {len(self.order) - self.next} tensors never written")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import glm5
+from . import glm4_moe, glm5, kimi
 from .assemble import assign, dump_json, split_scales
 from .layout import Layout
 from . import tokfiles
@@ -89,6 +89,52 @@ def make_glm5(plan: Plan, o: dict) -> None:
         "pad_token": "<|pad|>", "model_max_length": o["max_position"]})
 
 
+def make_glm4_moe(plan: Plan, o: dict) -> None:
+    if o["real_ratio"] and o["moe_intermediate"] is None:
+        o = dict(o, moe_intermediate=glm4_moe.REAL_RATIO_MOE_INTERMEDIATE)
+    if o["scale_dtype"] not in ("BF16", "F32", "F16"):
+        raise ValueError(f"scale_dtype must be BF16, F16 or F32, got {o['scale_dtype']!r}")
+    o = _dims(glm4_moe.TINY, glm4_moe.FULL, o)
+    plan.files["config.json"] = dump_json(glm4_moe.build(plan.layout, o))
+    plan.files["generation_config.json"] = dump_json(glm4_moe.GENERATION_CONFIG)
+    plan.files["tokenizer.json"] = tokfiles.tokenizer_json(glm4_moe.SPECIALS)
+    plan.files["tokenizer_config.json"] = dump_json({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
+        "pad_token": "<|pad|>", "model_max_length": o["max_position"]})
+
+
+def _kimi_side_files(plan: Plan, o: dict, code: list[str], what: str) -> None:
+    plan.files["generation_config.json"] = dump_json(kimi.generation_config(o))
+    for name, data in kimi.tokenizer_files(o).items():
+        plan.files[name] = data if isinstance(data, str) else dump_json(data)
+    plan.files.update(kimi.remote_code_files(code, what))
+
+
+def make_kimi_k2(plan: Plan, o: dict) -> None:
+    o = _dims(kimi.TINY, kimi.FULL, o)
+    plan.files["config.json"] = dump_json(kimi.build_k2(plan.layout, o))
+    _kimi_side_files(plan, o, ["configuration_deepseek.py", "modeling_deepseek.py", "tokenization_kimi.py"], "Kimi K2")
+
+
+def make_kimi_k25(plan: Plan, o: dict) -> None:
+    o = _dims(kimi.TINY, kimi.FULL, o)
+    if o["hidden"] % 32 or o["moe_intermediate"] % 32:
+        raise ValueError("kimi_k25: hidden and moe_intermediate must be multiples of the INT4 group (32)")
+    plan.files["config.json"] = dump_json(kimi.build_k25(plan.layout, o))
+    _kimi_side_files(plan, o, ["configuration_kimi_k25.py", "modeling_kimi_k25.py", "configuration_deepseek.py",
+                               "modeling_deepseek.py", "tokenization_kimi.py"], "Kimi K2.5")
+
+
+GQA_OPTIONS = {k: v for k, v in MLA_OPTIONS.items()
+               if k not in ("q_lora", "kv_lora", "qk_nope", "qk_rope", "v_head", "fp8", "scale_dtype")} | {
+    "kv_heads": Option(None, "num_key_value_heads (GQA)"),
+    "head_dim": Option(None, "head_dim"),
+    "use_qk_norm": Option(None, "per-head q_norm/k_norm weights (GLM-4.5+ have them)"),
+    "scale_dtype": Option("BF16", "dtype of X.weight_scale [out,1]; the Hub files' real dtype is unconfirmed"),
+    "real_ratio": Option(False, "moe_intermediate 384 (1536/4): 48 per rank at TP 8, fails Marlin's %64"),
+}
+KIMI_OPTIONS = COMMON | MLA_OPTIONS | {"shard_names": Option("unpadded", COMMON["shard_names"].help)}
+
 FAMILIES: dict[str, Family] = {
     "glm5": Family(
         "glm5",
@@ -100,6 +146,27 @@ FAMILIES: dict[str, Family] = {
             "index_topk": Option(None, "index_topk (config only)"),
         },
         make_glm5,
+    ),
+    "glm4_moe": Family(
+        "glm4_moe",
+        "GLM-4.5/4.6/4.7 Glm4MoeForCausalLM: compressed-tensors per-channel FP8, GQA with q/k/v bias, MTP layer",
+        COMMON | GQA_OPTIONS,
+        make_glm4_moe,
+    ),
+    "kimi_k2": Family(
+        "kimi_k2",
+        "Kimi K2 DeepseekV3ForCausalLM (kimi_k2): block FP8 without modules_to_not_convert, "
+        "unpadded shard names, tiktoken.model, auto_map placeholder .py files",
+        KIMI_OPTIONS,
+        make_kimi_k2,
+    ),
+    "kimi_k25": Family(
+        "kimi_k25",
+        "Kimi K2.5+ KimiK25ForConditionalGeneration: already INT4 (pack-quantized g32 experts under "
+        "language_model.), for testing that kq refuses it",
+        {k: v for k, v in KIMI_OPTIONS.items() if k not in ("fp8", "scale_dtype")} | {
+            "vision_hidden": Option(64, "hidden size of the (tiny) vision tower")},
+        make_kimi_k25,
     ),
 }
 

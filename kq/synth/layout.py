@@ -51,19 +51,20 @@ class Layout:
         self.seed = seed
         self.prefix = prefix
         self.entries: list[Entry] = []
-        self._producers: dict[str, Producer] = {}
+        self._producers: dict[str, tuple[str, Producer]] = {}
 
     # -- generic ----------------------------------------------------------------
     def add(self, group: str, specs: list[tuple[str, str, tuple[int, ...]]], produce: Producer) -> None:
         if group in self._producers:
             raise ValueError(f"duplicate tensor group {group}")
-        self._producers[group] = produce
+        self._producers[group] = (self.prefix, produce)
         for name, dtype, shape in specs:
             self.entries.append(Entry(self.prefix + name, dtype, tuple(shape), group))
 
     def produce(self, group: str) -> dict[str, torch.Tensor]:
-        made = self._producers[group](values.generator(self.seed, group))
-        return {self.prefix + k: v for k, v in made.items()}
+        prefix, make = self._producers[group]
+        made = make(values.generator(self.seed, group))
+        return {prefix + k: v for k, v in made.items()}
 
     # -- the tensor kinds real checkpoints hold -----------------------------------
     def fp8_block_linear(self, module: str, out: int, inn: int) -> None:
@@ -91,6 +92,22 @@ class Layout:
             if bias:
                 made[f"{module}.bias"] = values.small(g, (out,), 0.02, torch.bfloat16)
             return made
+
+        self.add(module, specs, produce)
+
+    def int4_linear(self, module: str, out: int, inn: int, group: int) -> None:
+        """compressed-tensors pack-quantized (as Kimi K2.5+ ships its experts): weight_packed
+        I32 [out, in/8], weight_scale BF16 [out, in/group], weight_shape I32 [2]."""
+        specs = [
+            (f"{module}.weight_packed", "I32", (out, inn // 8)),
+            (f"{module}.weight_scale", "BF16", (out, inn // group)),
+            (f"{module}.weight_shape", "I32", (2,)),
+        ]
+
+        def produce(g):
+            packed, scale = values.int4_pack(values.linear_weight(g, out, inn), group)
+            shape = torch.tensor([out, inn], dtype=torch.int32)
+            return {f"{module}.weight_packed": packed, f"{module}.weight_scale": scale, f"{module}.weight_shape": shape}
 
         self.add(module, specs, produce)
 

@@ -14,8 +14,12 @@ from .layout import Layout
 
 
 def linear(layout: Layout, module: str, out: int, inn: int, o: dict) -> None:
-    """A quantized Linear in the family's FP8 storage (block unless o['fp8'] == 'channel')."""
-    if o.get("fp8", "block") == "channel":
+    """A Linear in the family's storage: o['fp8'] is 'block' (default), 'channel', or
+    'bf16' (unquantized, as in the already-INT4 Kimi K2.5 release)."""
+    kind = o.get("fp8", "block")
+    if kind == "bf16":
+        layout.dense(f"{module}.weight", (out, inn))
+    elif kind == "channel":
         layout.fp8_channel_linear(module, out, inn, o.get("scale_dtype", "BF16"))
     else:
         layout.fp8_block_linear(module, out, inn)
@@ -48,7 +52,8 @@ def add_dense_mlp(layout: Layout, p: str, hidden: int, inter: int, o: dict | Non
 
 
 def add_moe_mlp(layout: Layout, p: str, o: dict) -> None:
-    """Router (BF16 weight, F32 correction bias), shared expert(s), routed experts."""
+    """Router (BF16 weight, F32 correction bias), shared expert(s), routed experts
+    (INT4 pack-quantized when o['experts_int4'] holds a group size)."""
     h, e, mi = o["hidden"], o["n_experts"], o["moe_intermediate"]
     layout.dense(f"{p}.mlp.gate.weight", (e, h))
     layout.dense(f"{p}.mlp.gate.e_score_correction_bias", (e,), dtype="F32", std=0.1)
@@ -56,11 +61,14 @@ def add_moe_mlp(layout: Layout, p: str, o: dict) -> None:
     linear(layout, f"{s}.gate_proj", mi * o["n_shared"], h, o)
     linear(layout, f"{s}.up_proj", mi * o["n_shared"], h, o)
     linear(layout, f"{s}.down_proj", h, mi * o["n_shared"], o)
+    group = o.get("experts_int4")
     for j in range(e):
         x = f"{p}.mlp.experts.{j}"
-        linear(layout, f"{x}.gate_proj", mi, h, o)
-        linear(layout, f"{x}.up_proj", mi, h, o)
-        linear(layout, f"{x}.down_proj", h, mi, o)
+        for name, out, inn in (("gate_proj", mi, h), ("up_proj", mi, h), ("down_proj", h, mi)):
+            if group:
+                layout.int4_linear(f"{x}.{name}", out, inn, group)
+            else:
+                linear(layout, f"{x}.{name}", out, inn, o)
 
 
 def add_mtp_extras(layout: Layout, p: str, hidden: int) -> None:

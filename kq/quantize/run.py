@@ -1,0 +1,246 @@
+"""The quantize run: plan in, finished checkpoint folder out, shard by shard.
+
+Order of work, and why:
+1. `check_output` refuses a folder holding anything but this same run (before the
+   long part), and `check_disk` refuses a disk that cannot hold the output.
+2. Each output shard is written tensor by tensor to `<shard>.tmp` and renamed, then
+   recorded in `.kq-work/state.json`. Killed anywhere, a rerun skips recorded shards
+   and redoes the rest; the output is deterministic, so it ends byte-identical.
+3. Index, config.json, the copied non-weight files, then `kq-manifest.json` last.
+Memory: one expert tensor (float32 on the device) plus I/O chunks at a time; kept
+tensors are copied from file ranges in 16 MB chunks.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol
+
+import torch
+
+from kq import __version__
+from kq.checkpoint.ct_config import build_quantization_config
+from kq.checkpoint.manifest import MANIFEST_NAME, WORK_DIR, read_manifest, write_json_atomic
+from kq.checkpoint.safetensors_io import StreamingShardWriter, read_header
+from kq.checkpoint.source import Source
+from kq.errors import KqError
+from kq.quantize.experts import rtn_parts
+from kq.quantize.plan import FP8, Plan
+
+INDEX_NAME = "model.safetensors.index.json"
+
+
+class Progress(Protocol):
+    def start_shard(self, name: str, total_bytes: int) -> None: ...
+    def advance(self, nbytes: int) -> None: ...
+    def end_shard(self, name: str, skipped: bool) -> None: ...
+
+
+@dataclass
+class Options:
+    method: str = "rtn"          # rtn | gptq
+    group_size: int = 128
+    clip: str = "mse"            # mse | absmax (RTN)
+    stream: bool = False
+
+    def fingerprint(self, source: Source) -> str:
+        """What must match for an existing folder to count as 'this same run'."""
+        key = {"method": self.method, "group_size": self.group_size, "clip": self.clip,
+               "source_index": hashlib.sha256(json.dumps(source.index.weight_map, sort_keys=True).encode()).hexdigest(),
+               "source_config": hashlib.sha256(json.dumps(source.config, sort_keys=True).encode()).hexdigest(),
+               "kq_format": 1}
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# Given the expert weight's source name -> (weight_packed, weight_scale, weight_shape).
+ExpertCodes = Callable[[str, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def check_output(out: Path, fingerprint: str) -> str:
+    """'new', 'resume' or 'done'; refuses anything else with one line."""
+    if not out.exists():
+        return "new"
+    if not out.is_dir():
+        raise KqError(f"--out {out} exists and is not a folder")
+    man = read_manifest(out)
+    if man is not None:
+        if man.get("run", {}).get("fingerprint") == fingerprint:
+            return "done"
+        raise KqError(f"--out {out} already holds a finished kq checkpoint made with other options or from another "
+                      "source; choose another --out or delete it")
+    run = out / WORK_DIR / "run.json"
+    if run.exists():
+        try:
+            fp = json.loads(run.read_text()).get("fingerprint")
+        except json.JSONDecodeError:
+            fp = None
+        if fp == fingerprint:
+            return "resume"
+        raise KqError(f"--out {out} holds an unfinished kq run with other options or another source; "
+                      "rerun it with those options, or delete the folder")
+    if any(out.iterdir()):
+        raise KqError(f"--out {out} is not empty and is not a kq run; choose an empty or new folder")
+    return "new"
+
+
+def check_disk(out: Path, need: int) -> None:
+    probe = out
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < need:
+        raise KqError(f"not enough disk at {probe}: the run needs {need / 1e9:.2f} GB more, {free / 1e9:.2f} GB free")
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def run_quantize(source: Source, plan: Plan, out: Path, opts: Options, *,
+                 device: torch.device | None = None, progress: Progress | None = None,
+                 expert_codes: ExpertCodes | None = None,
+                 after_shard: Callable[[str], None] | None = None) -> dict:
+    out = Path(out)
+    device = device or default_device()
+    fp = opts.fingerprint(source)
+    state_kind = check_output(out, fp)
+    if state_kind == "done":
+        return {"status": "already complete", "out": str(out), **(read_manifest(out) or {}).get("sizes", {})}
+    work = out / WORK_DIR
+    state_path = work / "state.json"
+    state = json.loads(state_path.read_text()) if state_kind == "resume" and state_path.exists() else {"shards": {}}
+    remaining = sum(s.nbytes for s in plan.shards if s.name not in state["shards"])
+    staging = 2 * max(source.shard_bytes(s) for s in source.index.shards) if getattr(source, "remote", False) else 0
+    check_disk(out, remaining + staging + sum(source.extra_files.values()))
+    work.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(work / "run.json", {"fingerprint": fp, "kq_version": __version__, "source": source.name})
+
+    if expert_codes is None:
+        def expert_codes(name, w, scale):
+            return rtn_parts(name, w, scale, group=plan.group_size, clip=opts.clip, device=device)
+
+    t0 = time.time()
+    # How many pending shards still need each source shard (to release streamed ones early).
+    pending = [s for s in plan.shards if not _shard_done(out, s.name, state)]
+    uses: dict[str, int] = {}
+    for s in pending:
+        for n in s.needs:
+            uses[n] = uses.get(n, 0) + 1
+    for sp in plan.shards:
+        if sp not in pending:
+            if progress:
+                progress.end_shard(sp.name, True)
+            continue
+        if progress:
+            progress.start_shard(sp.name, sp.nbytes)
+        paths = {n: source.shard_path(n) for n in sp.needs}
+        for n, p in paths.items():
+            read_header(p)  # a Hub download could be truncated: check before writing anything
+        _write_shard(source, sp, out / sp.name, paths, expert_codes, progress)
+        sha, size = _hash_recorded(out / sp.name)
+        state["shards"][sp.name] = {"sha256": sha, "size": size}
+        write_json_atomic(state_path, state)
+        if progress:
+            progress.end_shard(sp.name, False)
+        for n in sp.needs:
+            uses[n] -= 1
+            if uses[n] == 0:
+                source.release(n)
+        if after_shard:
+            after_shard(sp.name)
+    return finish(source, plan, out, opts, fp, state, time.time() - t0)
+
+
+def _shard_done(out: Path, name: str, state: dict) -> bool:
+    rec = state["shards"].get(name)
+    p = out / name
+    return rec is not None and p.exists() and p.stat().st_size == rec["size"]
+
+
+_last_hash: dict[Path, tuple[str, int]] = {}
+
+
+def _hash_recorded(path: Path) -> tuple[str, int]:
+    return _last_hash.pop(path)
+
+
+def _write_shard(source: Source, sp, final: Path, paths: dict, expert_codes: ExpertCodes, progress) -> None:
+    from safetensors import safe_open
+    handles = {n: safe_open(str(p), framework="pt") for n, p in paths.items()}
+    wm = source.index.weight_map
+
+    def raw(name):
+        return handles[wm[name]].get_tensor(name)
+
+    writer = StreamingShardWriter(final, [(t.name, t.dtype, t.shape) for t in sp.tensors], {"format": "pt"})
+    try:
+        cache: dict[str, tuple] = {}
+        for t in sp.tensors:
+            if t.action == "copy":
+                entry = source.headers[wm[t.src]][t.src]
+                writer.copy_from(t.name, paths[wm[t.src]], entry)
+                if progress:
+                    progress.advance(entry.nbytes)
+                continue
+            if t.src not in cache:
+                w = raw(t.src)
+                scale = None
+                if w.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+                    base = t.src
+                    sname = base + "_scale_inv" if base + "_scale_inv" in wm else base + "_scale"
+                    scale = raw(sname)
+                cache[t.src] = expert_codes(t.src, w, scale)
+                if progress:
+                    progress.advance(source.headers[wm[t.src]][t.src].nbytes)
+            packed, scale, shape = cache[t.src]
+            part = {"packed": packed, "scale": scale, "shape": shape}[t.action]
+            writer.write(t.name, part)
+            if t.action == "shape":
+                del cache[t.src]
+        _last_hash[final] = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def finish(source: Source, plan: Plan, out: Path, opts: Options, fp: str, state: dict, seconds: float) -> dict:
+    """Index, config, copied files, then the manifest (last: it marks the folder finished)."""
+    weight_map = {t.name: sp.name for sp in plan.shards for t in sp.tensors}
+    write_json_atomic(out / INDEX_NAME, {"metadata": {"total_size": plan.output_bytes}, "weight_map": weight_map})
+    config = dict(source.config)
+    kept = {t.name: t for sp in plan.shards for t in sp.tensors if t.action == "copy"}
+    bf16_linears = sorted(n[: -len(".weight")] for n, t in kept.items()
+                          if n.endswith(".weight") and len(t.shape) == 2 and t.dtype not in FP8
+                          and not n.endswith("embed_tokens.weight"))
+    config["quantization_config"] = build_quantization_config(
+        source.config, group_size=plan.group_size, source_format=plan.recipe.source_format,
+        bf16_linears=bf16_linears, has_fp8=any(t.dtype in FP8 for t in kept.values()))
+    write_json_atomic(out / "config.json", config)
+    source.copy_extras(out)
+    files = {name: {"sha256": rec["sha256"], "size": rec["size"]} for name, rec in state["shards"].items()}
+    from kq.checkpoint.manifest import sha256_file
+    for name in ["config.json", INDEX_NAME, *source.extra_files]:
+        files[name] = {"sha256": sha256_file(out / name), "size": (out / name).stat().st_size}
+    manifest = {
+        "kq_version": __version__,
+        "format": "compressed-tensors pack-quantized (INT4 routed experts), other tensors as in the source",
+        "source": {"name": source.name, "repo_id": source.repo_id, "revision": source.revision,
+                   "family": plan.recipe.family, "model_type": source.config.get("model_type")},
+        "options": {"method": opts.method, "group_size": plan.group_size, "clip": opts.clip if opts.method == "rtn" else None,
+                    "mtp_experts": plan.recipe.mtp_experts},
+        "sizes": {"source_bytes": plan.source_bytes, "output_bytes": plan.output_bytes,
+                  "per_gpu_bytes_tp8": plan.per_gpu_bytes(8)},
+        "classes": plan.classes,
+        "run": {"fingerprint": fp},
+        "files": dict(sorted(files.items())),
+        "tensors": {t.name: {"dtype": t.dtype, "shape": list(t.shape), "file": sp.name}
+                    for sp in plan.shards for t in sp.tensors},
+    }
+    write_json_atomic(out / MANIFEST_NAME, manifest)
+    shutil.rmtree(out / WORK_DIR, ignore_errors=True)
+    return {"status": "written", "out": str(out), "seconds": round(seconds, 2),
+            "source_bytes": plan.source_bytes, "output_bytes": plan.output_bytes}
