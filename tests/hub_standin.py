@@ -118,6 +118,7 @@ class HubStandin:
         self.repos: dict[str, Repo] = {}
         self.requests: list[tuple[str, str]] = []
         self.lfs_puts: list[str] = []
+        self.range_requests: list[tuple[str, str]] = []
         self.lock = threading.RLock()
         self.lifetime = lifetime
         self.hold_timeout = hold_timeout
@@ -183,6 +184,9 @@ class HubStandin:
         )
         for k in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
             env.pop(k, None)
+        # The client imports kq from this checkout even when it is not pip-installed.
+        repo_root = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH")) if p)
         if token is not None:
             env["HF_TOKEN"] = token
         env.update(extra)
@@ -327,6 +331,8 @@ class _Handler(BaseHTTPRequestHandler):
         path, self.query = split.path, parse_qs(split.query)
         with self.hub.lock:
             self.hub.requests.append((method, path))
+            if self.headers.get("Range"):
+                self.hub.range_requests.append((path, self.headers["Range"]))
         try:
             self._route(method, path)
         except _HttpError as e:
@@ -765,3 +771,13 @@ class _Handler(BaseHTTPRequestHandler):
             raise _HttpError(404, f"LFS object {oid} not found")
         self._json({"success": True})
 
+
+
+def run_python(code: str, env: dict[str, str], timeout: float = 120, cwd: Path | None = None):
+    """Run `code` in a fresh interpreter (so huggingface_hub reads HF_ENDPOINT & co. at import)."""
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd
+    )
