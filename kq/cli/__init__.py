@@ -1,0 +1,48 @@
+"""The `kq` command line: one small module per command, wiring only.
+
+A KqError (anything the user can fix) prints one line and exits 2; anything else is
+a bug and keeps its traceback.
+"""
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from kq.errors import KqError
+
+app = typer.Typer(
+    name="kq",
+    help="Quantize FP8 mixture-of-experts checkpoints (GLM-5.x, GLM-4.x, Kimi K2) to INT4 experts "
+         "that SGLang serves. Start with `kq inspect SRC`, then `kq quantize SRC --out DIR`.",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+
+
+def _register() -> None:
+    from kq.cli import inspect_cmd, quantize, verify
+    app.command("quantize")(quantize.quantize)
+    app.command("inspect")(inspect_cmd.inspect)
+    app.command("verify")(verify.verify)
+    # Commands whose modules may be absent in a partial install register themselves here.
+    for mod, name, fn in (("kq.cli.eval", "eval", "eval_cmd"), ("kq.cli.shard", "shard", "shard"),
+                          ("kq.cli.publish", "publish", "publish"), ("kq.cli.card", "card", "card")):
+        try:
+            m = __import__(mod, fromlist=[fn])
+        except ImportError:
+            continue
+        if hasattr(m, fn):
+            app.command(name)(getattr(m, fn))
+
+
+_register()
+
+
+def main() -> None:
+    try:
+        app()
+    except KqError as e:
+        typer.echo(f"kq: error: {e}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        typer.echo("kq: interrupted; rerun the same command to resume", err=True)
+        sys.exit(130)

@@ -1,0 +1,3 @@
+from kq.cli import main
+
+main()

@@ -1,0 +1,52 @@
+"""`kq inspect`: the plan, printed; nothing is written."""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kq.cli.common import human_bytes, open_any
+
+
+def inspect(
+    src: str = typer.Argument(..., help="A local checkpoint folder, a recipe alias, a Hub repo id, or `demo`."),
+    group_size: Optional[int] = typer.Option(None, "--group-size", "-g", help="INT4 group size to plan for (default: the family's)."),
+    tp: Optional[int] = typer.Option(None, "--tp", help="Also refuse, as quantize would, if the result cannot load at this TP."),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable plan on stdout."),
+) -> None:
+    """Show what `kq quantize` would do: tensors per class, source and output bytes, per-GPU weight memory
+    and the TP verdict at TP 1/2/4/8, and the disk needed. Reads only config and shard headers."""
+    from kq.quantize.plan import make_plan
+
+    source = open_any(src, revision=revision)
+    plan = make_plan(source, group_size=group_size, tp=tp)
+    data = {
+        "source": source.name, "family": plan.recipe.family, "title": plan.recipe.title,
+        "group_size": plan.group_size, "routed_experts": plan.experts,
+        "expert_intermediate": plan.expert_intermediate, "hidden": plan.hidden,
+        "classes": plan.classes, "source_bytes": plan.source_bytes, "output_bytes": plan.output_bytes,
+        "disk_needed_bytes": plan.output_bytes + sum(source.extra_files.values()),
+        "mtp_experts": plan.recipe.mtp_experts,
+        "tp": [{"tp": v.tp, "ok": v.ok, "reason": v.reason, "per_gpu_bytes": plan.per_gpu_bytes(v.tp)} for v in plan.tp],
+    }
+    if as_json:
+        typer.echo(json.dumps(data, indent=1))
+        return
+    con = Console()
+    con.print(f"[bold]{source.name}[/]: {plan.recipe.title}; {plan.experts} routed experts, expert intermediate "
+              f"{plan.expert_intermediate}, hidden {plan.hidden}; INT4 group {plan.group_size}")
+    t = Table("class", "tensors", "source", "output")
+    for k, v in plan.classes.items():
+        t.add_row(k, str(v["tensors"]), human_bytes(v["source_bytes"]), human_bytes(v["output_bytes"]))
+    t.add_row("[bold]total", "", human_bytes(plan.source_bytes), human_bytes(plan.output_bytes))
+    con.print(t)
+    t = Table("TP", "weights per GPU", "SGLang loads it?", "why")
+    for v in data["tp"]:
+        t.add_row(str(v["tp"]), human_bytes(v["per_gpu_bytes"]), "[green]yes" if v["ok"] else "[red]no", v["reason"])
+    con.print(t)
+    con.print(f"disk needed for the output: {human_bytes(data['disk_needed_bytes'])}; "
+              f"MTP layer experts: {plan.recipe.mtp_experts}")

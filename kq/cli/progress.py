@@ -1,0 +1,41 @@
+"""Rich progress for long runs: overall and per-shard bars with bytes/s and ETA, on stderr."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                           TransferSpeedColumn)
+
+stderr = Console(stderr=True)
+
+
+class ShardProgress:
+    """Implements kq.quantize.run.Progress with two rich bars."""
+
+    def __init__(self, total_bytes: int, n_shards: int, enabled: bool = True):
+        self.p = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                          TransferSpeedColumn(), TimeRemainingColumn(), console=stderr,
+                          disable=not enabled, transient=False)
+        self.total = self.p.add_task(f"all {n_shards} shards", total=total_bytes)
+        self.shard = None
+
+    def __enter__(self):
+        self.p.__enter__()
+        return self
+
+    def __exit__(self, *a):
+        self.p.__exit__(*a)
+
+    def start_shard(self, name: str, total_bytes: int) -> None:
+        self.shard = self.p.add_task(f"  {name}", total=total_bytes)
+
+    def advance(self, nbytes: int) -> None:
+        self.p.advance(self.total, nbytes)
+        if self.shard is not None:
+            self.p.advance(self.shard, nbytes)
+
+    def end_shard(self, name: str, skipped: bool) -> None:
+        if self.shard is not None:
+            self.p.remove_task(self.shard)
+            self.shard = None
+        if skipped:
+            self.p.console.print(f"  {name}: already written, skipped (resume)")

@@ -1,0 +1,80 @@
+"""`kq quantize`: argument handling only; the work is in kq.quantize.run."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from kq.cli.common import default_out, human_bytes, open_any, require
+from kq.cli.progress import ShardProgress, stderr
+from kq.errors import KqError
+
+
+def quantize(
+    src: str = typer.Argument(..., help="A local FP8 checkpoint folder, a recipe alias (glm-5.2, glm-4.7, kimi-k2, …), "
+                                        "a Hub repo id (org/name), or `demo` (a generated tiny GLM-5.2-layout checkpoint)."),
+    to: str = typer.Option("int4", "--to", help="Target format. Only int4 (W4A16 routed experts) for now."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (new or empty; an unfinished run of the "
+                                                                   "same options is resumed). Default: ./<name>-kq-int4"),
+    group_size: Optional[int] = typer.Option(None, "--group-size", "-g", help="INT4 group size: 32, 64 or 128. "
+                                             "Default: the family's (valid at TP 8)."),
+    method: str = typer.Option("rtn", "--method", help="rtn (data-free, fast) or gptq (calibrated, layer by layer)."),
+    clip: str = typer.Option("mse", "--clip", help="RTN clipping: mse (per-group search, default) or absmax."),
+    tp: Optional[int] = typer.Option(None, "--tp", help="Refuse up front unless the result loads at this tensor-parallel degree."),
+    ep: Optional[int] = typer.Option(None, "--ep", help="Refuse up front unless the experts split over this expert-parallel degree."),
+    calib: Optional[str] = typer.Option(None, "--calib", help="GPTQ calibration text: a .txt/.jsonl(.gz) file."),
+    calib_samples: int = typer.Option(128, "--calib-samples", help="GPTQ: number of calibration sequences."),
+    calib_seqlen: int = typer.Option(512, "--calib-seqlen", help="GPTQ: tokens per calibration sequence."),
+    stream: bool = typer.Option(False, "--stream", help="Hub sources: delete each downloaded shard once used "
+                                                          "(disk need: the output plus about two source shards)."),
+    staging: Optional[Path] = typer.Option(None, "--staging", help="Where Hub shards are downloaded (default: OUT/.kq-work/download)."),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit)."),
+    device: str = typer.Option("auto", "--device", help="auto (GPU when present), cuda or cpu. Same output bytes per device type."),
+    as_json: bool = typer.Option(False, "--json", help="Print a machine-readable summary on stdout (progress stays on stderr)."),
+) -> None:
+    """Quantize the routed experts of an FP8 MoE checkpoint to group-wise INT4; every other tensor is kept byte for byte.
+
+    Examples:\n
+      kq quantize demo --out /tmp/demo\n
+      kq quantize glm-5.2 --out ./GLM-5.2-INT4 --stream\n
+      kq quantize ./Kimi-K2-Instruct --group-size 32 --tp 8 --out ./k2-int4
+    """
+    import torch
+
+    from kq.quantize.plan import make_plan
+    from kq.quantize.run import Options, run_quantize
+
+    require(to == "int4", f"--to {to}: only int4 is supported")
+    require(method in ("rtn", "gptq"), f"--method {method}: use rtn or gptq")
+    require(clip in ("mse", "absmax"), f"--clip {clip}: use mse or absmax")
+    require(device in ("auto", "cpu", "cuda"), f"--device {device}: use auto, cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise KqError("--device cuda: no CUDA GPU is visible")
+    if method == "gptq":
+        require(calib is not None, "--method gptq needs --calib FILE (calibration text)")
+        require(Path(calib).is_file(), f"--calib {calib}: no such file")
+    out = out or default_out(src)
+    staging = staging or (out / ".kq-work" / "download")
+    source = open_any(src, staging=staging, stream=stream, revision=revision)
+    plan = make_plan(source, group_size=group_size, tp=tp, ep=ep)
+    opts = Options(method=method, group_size=plan.group_size, clip=clip, stream=stream)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device)
+    codes = None
+    if method == "gptq":
+        from kq.quantize.layerwise import gptq_expert_codes
+        codes = gptq_expert_codes(source, plan, out, calib=calib, samples=calib_samples, seqlen=calib_seqlen, device=dev)
+    if not as_json:
+        stderr.print(f"[bold]{source.name}[/] ({plan.recipe.title}) -> {out}: {plan.classes.get('routed expert -> int4', {}).get('tensors', 0)} "
+                     f"expert weights to INT4 g{plan.group_size} ({method}{'/' + clip if method == 'rtn' else ''}) on {dev.type}, "
+                     f"{human_bytes(plan.source_bytes)} -> {human_bytes(plan.output_bytes)}")
+    with ShardProgress(plan.source_bytes, len(plan.shards), enabled=not as_json) as prog:
+        summary = run_quantize(source, plan, out, opts, device=dev, progress=prog, expert_codes=codes)
+    if as_json:
+        typer.echo(json.dumps(summary))
+    elif summary["status"] == "already complete":
+        stderr.print(f"{out}: already complete (same source and options); nothing to do")
+    else:
+        stderr.print(f"done in {summary['seconds']:.1f} s: {out} ({human_bytes(summary['output_bytes'])}); "
+                     f"check it with `kq verify {out}`")
