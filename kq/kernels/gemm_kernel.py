@@ -6,15 +6,14 @@ Rows come either straight (dense: rows pid_m*BM ..) or from a routing table (MoE
 pairs that all go to one expert). Weights are in the prepacked layout of `layout.py`.
 
 Dequantization without int->float conversions: a nibble c is or-ed into the mantissa of the
-bf16 number 128.0 (bits 0x4300), which gives exactly 128 + c.  With c = q + 8 the tensor core
-computes sum x*(136 + q); the kernel subtracts 136 * sum(x) over the same inputs before it
-applies the group scale, once per group and output (so the scale is applied after the dot, on
-fp32 partial sums, not on every weight).
+bf16 number 128.0 (bits 0x4300), which gives exactly 128 + c; one packed bf16 subtract
+(HADD2.BF16, two values per instruction) of 136 = 128 + 8 leaves q exactly.  The tensor core
+multiplies the exact integer codes; the group scale is applied after the dot, once per group
+and output on the fp32 partial sums, not on every weight.
 """
 import triton
 import triton.language as tl
 
-MAGIC_BIAS = 136.0    # 128 (the 0x4300 exponent) + 8 (the nibble offset)
 
 
 @triton.jit
@@ -76,34 +75,31 @@ def w4a16_gemm_kernel(
             wu = tl.load(q_ptrs + up_offset, mask=n_mask[None, :], other=0)
         part_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         part_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        xsum = tl.zeros((BLOCK_M,), dtype=tl.float32)
         for j in tl.static_range(8):
             kk = kb * 128 + j * 16 + offs_k16
             x = tl.load(a_base + kk[None, :], mask=row_mask[:, None] & (kk < K)[None, :], other=0.0)
             cg = (((wg >> (4 * j)) & 0xF) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
             if DOT_F32:
-                part_g = tl.dot(x.to(tl.float32), cg.to(tl.float32), part_g)
+                part_g = tl.dot(x.to(tl.float32), cg.to(tl.float32) - 136.0, part_g)
             else:
-                part_g = tl.dot(x, cg, part_g)
+                part_g = tl.dot(x, cg - 136.0, part_g)
             if GATED:
                 cu = (((wu >> (4 * j)) & 0xF) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
                 if DOT_F32:
-                    part_u = tl.dot(x.to(tl.float32), cu.to(tl.float32), part_u)
+                    part_u = tl.dot(x.to(tl.float32), cu.to(tl.float32) - 136.0, part_u)
                 else:
-                    part_u = tl.dot(x, cu, part_u)
-            xsum += tl.sum(x.to(tl.float32), axis=1)
+                    part_u = tl.dot(x, cu - 136.0, part_u)
             if (j + 1) % SUBS_PER_GROUP == 0:
                 g = (kb * 128 + j * 16) // GROUP
                 sg = tl.load(s_base + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-                acc_g += (part_g - 136.0 * xsum[:, None]) * sg[None, :]
+                acc_g += part_g * sg[None, :]
                 part_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 if GATED:
                     su = tl.load(s_base + g * stride_sg + up_offset + offs_n, mask=n_mask,
                                  other=0.0).to(tl.float32)
-                    acc_u += (part_u - 136.0 * xsum[:, None]) * su[None, :]
+                    acc_u += part_u * su[None, :]
                     part_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                xsum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-
+        
     o_mask = row_mask[:, None] & n_mask[None, :]
     o_ptrs = out_ptr + pid_s.to(tl.int64) * stride_os + out_rows.to(tl.int64)[:, None] * stride_om \
         + offs_n[None, :]

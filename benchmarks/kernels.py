@@ -1,0 +1,401 @@
+"""kq's W4A16 kernels against their peers, measured in the same run on one GPU (an H200).
+
+    python benchmarks/kernels.py --out DIR [--quick] [--tokens 1,16,64] [--peers dense,triton,marlin]
+
+Every time is a CUDA-graph replay (median of 15) of a graph that holds R calls, each on its
+own routing (MoE) or its own copy of the weights (dense), so weights come from HBM and not
+from the 60 MB L2. Effective bandwidth = bytes of the weights and scales of the experts a
+call actually routes to (or of the whole matrix, dense) / time.
+
+MoE rows time one stage, gate+up over routed tokens, with the routing table built outside
+the timed region, the way SGLang's peers are timed (../shared/tools/peer_moe_bench.py);
+`kq_full` rows time kq's whole fused MoE (routing table, gate+up, SiLU*mul, down, top-k
+combine). Peers: SGLang 0.5.23's Triton fused-MoE kernel in BF16, FP8 block-128 (w8a8) and
+INT4 w4a16, and its JIT Marlin MoE (moe_wna16_marlin_gemm); dense: cuBLAS BF16, cuBLAS FP8
+(torch._scaled_mm, per-tensor scales), torch's int4 tinygemm (_weight_int4pack_mm).
+SGLang needs its wheels on PYTHONPATH (see benchmarks/gpu_kernels.sh).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import os
+import platform
+import subprocess
+import sys
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import triton  # noqa: E402
+
+from kq.kernels import triton_ops as kops  # noqa: E402
+from kq.kernels.layout import PACK_K, PrepackedLinear, PrepackedMoE  # noqa: E402
+
+DEV = "cuda"
+ROWS: list[dict] = []
+
+
+def log(row: dict) -> None:
+    ROWS.append(row)
+    print(json.dumps(row), flush=True)
+
+
+def graph_us(fns, reps: int = 15) -> float:
+    """Median µs per call of a CUDA graph holding each fn once (fns rotate weights/routings)."""
+    for fn in fns[:2]:
+        fn()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fns[0]()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for fn in fns:
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) * 1000 / len(fns))
+    ts.sort()
+    del g
+    return ts[len(ts) // 2]
+
+
+def copy_bandwidth_tbps() -> float:
+    x = torch.randn(1 << 30, device=DEV, dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    us = graph_us([lambda: y.copy_(x)] * 4, reps=10)
+    del x, y
+    torch.cuda.empty_cache()
+    return 2 * (1 << 30) * 2 / us / 1e6
+
+
+# ---------------------------------------------------------------- kq weights (random, prepacked)
+
+def random_prepacked(e: int, n: int, k: int, group: int):
+    kp = -(-k // PACK_K) * PACK_K
+    q = torch.randint(-2**31, 2**31 - 1, (e, kp // 8, n), device=DEV, dtype=torch.int32)
+    s = (torch.rand(e, kp // group, n, device=DEV) * 1e-2 + 1e-3).to(torch.bfloat16)
+    return q, s
+
+
+def random_moe(e, h, i, group) -> PrepackedMoE:
+    q13, s13 = random_prepacked(e, 2 * i, h, group)
+    q2, s2 = random_prepacked(e, h, i, group)
+    return PrepackedMoE(q13, s13, q2, s2, num_experts=e, hidden=h, intermediate=i, group=group)
+
+
+def routings(e, m, topk, r):
+    return [torch.stack([torch.randperm(e, device=DEV)[:topk] for _ in range(m)]).to(torch.int32)
+            for _ in range(r)]
+
+
+# ---------------------------------------------------------------- SGLang peers (adapted from the CEO's harness)
+
+def sgl_align(topk_ids, block_m, e):
+    """SGLang's (sorted_ids, expert_ids, num_tokens_post_padded), built in torch outside the timing."""
+    flat = topk_ids.flatten().to(torch.int64)
+    n = flat.numel()
+    counts = torch.bincount(flat, minlength=e)
+    padded = (counts + block_m - 1) // block_m * block_m
+    max_len = n + e * (block_m - 1)
+    sorted_ids = torch.full((max_len,), n, dtype=torch.int32, device=DEV)
+    expert_ids = torch.full((max_len // block_m,), -1, dtype=torch.int32, device=DEV)
+    order = torch.argsort(flat, stable=True)
+    starts = torch.cumsum(padded, 0) - padded
+    cstarts = torch.cumsum(counts, 0) - counts
+    for ex in torch.nonzero(counts).flatten().tolist():
+        c, p, s = counts[ex].item(), padded[ex].item(), starts[ex].item()
+        sorted_ids[s:s + c] = order[cstarts[ex]:cstarts[ex] + c].to(torch.int32)
+        expert_ids[s // block_m:(s + p) // block_m] = ex
+    total = torch.tensor([int(padded.sum())], dtype=torch.int32, device=DEV)
+    return sorted_ids, expert_ids, total
+
+
+def sgl_triton_stage1(kind, e, n, k, m, topk, tis, tw, a, group):
+    """Best of a few tile configs of SGLang's invoke_fused_moe_kernel for one weight format."""
+    import triton.language as tl
+    from sglang.kernels.ops.moe.fused_moe_triton_kernels import invoke_fused_moe_kernel
+    if kind == "bf16":
+        b = torch.randn(e, n, k, device=DEV, dtype=torch.bfloat16) * 0.02
+        bs, bpw = None, 2.0
+    elif kind == "fp8":
+        b = (torch.randn(e, n, k, device=DEV) * 0.02).to(torch.float8_e4m3fn)
+        bs = torch.rand(e, (n + 127) // 128, (k + 127) // 128, device=DEV) * 1e-3 + 1e-4
+        bpw = 1.0 + 4 / 128 / 128
+    else:
+        b = torch.randint(0, 256, (e, n, k // 2), device=DEV, dtype=torch.uint8)
+        bs = (torch.rand(e, n, k // group, device=DEV) * 1e-2 + 1e-3).to(torch.bfloat16)
+        bpw = 0.5 + 2 / group
+    if kind == "fp8":
+        ag = a.float().view(m, k // 128, 128)
+        a_s = ag.abs().amax(-1).clamp(min=1e-6) / 448.0
+        aq = (ag / a_s[..., None]).to(torch.float8_e4m3fn).view(m, k)
+    else:
+        aq, a_s = a, None
+    c = torch.empty(m, topk, n, device=DEV, dtype=torch.bfloat16)
+    bm = 16 if m * topk <= 4 * e else 64
+    als = [sgl_align(t, bm, e) for t in tis]
+    best = None
+    for bn, bk, st in [(32, 128, 4), (64, 128, 3), (64, 128, 4), (128, 128, 3), (64, 64, 4), (128, 64, 3)]:
+        if kind == "fp8" and bk != 128:
+            continue
+        cfg = {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 1,
+               "num_warps": 4, "num_stages": st}
+
+        def call(t, al, cfg=cfg):
+            s_, e_, n_ = al
+            invoke_fused_moe_kernel(
+                aq, b, None, c, a_s, bs, None, tw, t, s_, e_, n_, mul_routed_weight=False, top_k=topk,
+                config=cfg, compute_type=tl.bfloat16, use_fp8_w8a8=kind == "fp8", use_int8_w8a8=False,
+                use_int8_w8a16=False, use_int4_w4a16=kind.startswith("int4"), per_channel_quant=False,
+                block_shape=[128, 128] if kind == "fp8" else ([0, group] if kind.startswith("int4") else None))
+        try:
+            us = graph_us([lambda t=t, al=al: call(t, al) for t, al in zip(tis, als)])
+        except Exception:  # a tile config the kernel cannot compile for this shape
+            continue
+        if best is None or us < best[0]:
+            best = (us, cfg)
+    del b, bs
+    torch.cuda.empty_cache()
+    return best, bpw
+
+
+def marlin_scale_perm(s):
+    perm = [i + 8 * j for i in range(8) for j in range(8)]
+    n = s.shape[-1]
+    return s.reshape(-1, 64)[:, perm].reshape(-1, n).contiguous()
+
+
+def sgl_marlin_stage1(e, n, k, m, topk, tis, tw, a, group):
+    from sgl_kernel.scalar_type import scalar_types
+    from sglang.kernels.ops.moe.moe_wna16_marlin import moe_wna16_marlin_gemm
+    from sglang.kernels.ops.quantization.gptq_marlin_repack import gptq_marlin_repack
+    empty_perm = torch.empty(0, dtype=torch.int32, device=DEV)
+    qs, ss = [], []
+    for _ in range(e):       # GPTQ int32 [K/8, N] per expert (random nibbles), repacked by SGLang's JIT
+        q = torch.randint(-2**31, 2**31 - 1, (k // 8, n), device=DEV, dtype=torch.int32)
+        qs.append(gptq_marlin_repack(q, empty_perm, k, n, 4))
+        ss.append(marlin_scale_perm((torch.rand(k // group, n, device=DEV) * 1e-2 + 1e-3).to(torch.bfloat16)))
+    bq, bs = torch.stack(qs), torch.stack(ss)
+    del qs, ss
+    bm = 8
+    for cand in [8, 16, 32, 48, 64]:
+        bm = cand
+        if m * topk / e / cand < 0.9:
+            break
+    als = [sgl_align(t, bm, e) for t in tis]
+    ws = torch.zeros(torch.cuda.get_device_properties(0).multi_processor_count * 4, dtype=torch.int32, device=DEV)
+    c = torch.zeros(m * topk, n, device=DEV, dtype=torch.bfloat16)
+
+    def call(t, al):
+        s_, e_, n_ = al
+        c.zero_()
+        moe_wna16_marlin_gemm(a, c, bq, None, bs, None, None, None, None, ws, s_, e_, n_, tw,
+                              moe_block_size=bm, top_k=topk, mul_topk_weights=False, is_ep=False,
+                              b_q_type=scalar_types.uint4b8, size_m=m, size_n=n, size_k=k,
+                              is_k_full=True, use_atomic_add=True, use_fp32_reduce=True)
+    us = graph_us([lambda t=t, al=al: call(t, al) for t, al in zip(tis, als)])
+    del bq, bs
+    torch.cuda.empty_cache()
+    return us, {"moe_block_size": bm}
+
+
+# ---------------------------------------------------------------- MoE rows
+
+def moe_case(name, e, h, i, m, topk, groups, peers, sweep, r=12):
+    tis = routings(e, m, topk, r)
+    touched = sum(torch.unique(t).numel() for t in tis) / r
+    tw = torch.rand(m, topk, device=DEV, dtype=torch.float32)
+    a = torch.randn(m, h, device=DEV, dtype=torch.bfloat16)
+    n = 2 * i
+    base = {"case": name, "E": e, "H": h, "I": i, "M": m, "topk": topk, "experts_touched": touched}
+
+    def gbps(us, bpw):
+        return round(touched * n * h * bpw / us / 1e3, 1)
+
+    for group in groups:
+        pp = random_moe(e, h, i, group)
+        bpw = 0.5 + 2 / group
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        cfg1, cfg2 = kops.moe_configs(m * topk, e, h, i, sms)
+        cands = [cfg1]
+        if sweep:
+            kb = -(-h // PACK_K)
+            for bn, split, st in itertools.product([32, 64, 128], [1, 2, 4, 8, 16], [3, 4]):
+                if kb % split == 0 and kb // split >= 2:
+                    cands.append(kops.TileConfig(cfg1.block_m, bn, split, 4, st))
+        best = None
+        for cfg in cands:
+            rts = [kops.moe_align(t, e, cfg.block_m) for t in tis]
+            try:
+                us = graph_us([lambda rt=rt, cfg=cfg: kops.moe_gate_up(a, pp, rt, topk, cfg) for rt in rts])
+            except Exception as ex:
+                log({**base, "kind": f"kq_g{group}", "cfg": cfg.__dict__, "error": repr(ex)[:200]})
+                continue
+            if sweep:
+                log({**base, "kind": f"kq_g{group}_sweep", "us": round(us, 2), "GBps": gbps(us, bpw),
+                     "cfg": cfg.__dict__})
+            if best is None or us < best[0]:
+                best = (us, cfg)
+        if best:
+            log({**base, "kind": f"kq_g{group}", "us": round(best[0], 2), "GBps": gbps(best[0], bpw),
+                 "cfg": best[1].__dict__, "heuristic_us": None if best[1] == cfg1 else "see sweep"})
+        # whole fused MoE (routing table + both stages + combine), heuristic configs
+        full_bytes = touched * 3 * i * h * bpw
+        us = graph_us([lambda t=t: kops.fused_moe_w4a16(a, pp, tw, t) for t in tis])
+        log({**base, "kind": f"kq_full_g{group}", "us": round(us, 2),
+             "GBps": round(full_bytes / us / 1e3, 1), "cfg": [cfg1.__dict__, cfg2.__dict__]})
+        del pp
+        torch.cuda.empty_cache()
+        if "marlin" in peers:
+            try:
+                us, cfg = sgl_marlin_stage1(e, n, h, m, topk, tis, tw, a, group)
+                log({**base, "kind": f"marlin_g{group}", "us": round(us, 2), "GBps": gbps(us, bpw), "cfg": cfg})
+            except Exception as ex:
+                log({**base, "kind": f"marlin_g{group}", "error": repr(ex)[:300]})
+    if "triton" in peers:
+        kinds = ["bf16", "fp8"] + [f"int4_g{g}" for g in groups if g in (32, 128)]
+        for kind in kinds:
+            group = int(kind.split("_g")[1]) if kind.startswith("int4") else 128
+            try:
+                best, bpw = sgl_triton_stage1(kind, e, n, h, m, topk, tis, tw, a, group)
+            except Exception as ex:
+                log({**base, "kind": f"sgl_{kind}", "error": repr(ex)[:300]})
+                continue
+            if best is None:
+                log({**base, "kind": f"sgl_{kind}", "error": "no tile config ran"})
+                continue
+            log({**base, "kind": f"sgl_{kind}", "us": round(best[0], 2), "GBps": gbps(best[0], bpw), "cfg": best[1]})
+
+
+# ---------------------------------------------------------------- dense rows
+
+def dense_case(name, n, k, ms, peers, groups=(128,)):
+    for m in ms:
+        a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+        base = {"case": name, "N": n, "K": k, "M": m}
+        for group in groups:
+            bpw = 0.5 + 2 / group
+            copies = max(2, min(24, int(2e9 // (n * k * bpw))))
+            ws = []
+            for _ in range(copies):
+                q, s = random_prepacked(1, n, k, group)
+                ws.append(PrepackedLinear(q[0], s[0], n, k, group))
+            us = graph_us([lambda w=w: kops.w4a16_linear(a, w) for w in ws])
+            cfg = kops.dense_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+            log({**base, "kind": f"kq_g{group}", "us": round(us, 2), "GBps": round(n * k * bpw / us / 1e3, 1),
+                 "TFLOPs": round(2 * m * n * k / us / 1e6, 1), "cfg": cfg.__dict__})
+            del ws
+        if "dense" not in peers:
+            continue
+        copies = max(2, min(24, int(2e9 // (n * k * 2))))
+        wb = [torch.randn(n, k, device=DEV, dtype=torch.bfloat16) for _ in range(copies)]
+        us = graph_us([lambda w=w: a @ w.t() for w in wb])
+        log({**base, "kind": "cublas_bf16", "us": round(us, 2), "GBps": round(n * k * 2 / us / 1e3, 1),
+             "TFLOPs": round(2 * m * n * k / us / 1e6, 1)})
+        a8 = a.to(torch.float8_e4m3fn)
+        one = torch.tensor(1.0, device=DEV)
+        w8 = [w.to(torch.float8_e4m3fn) for w in wb]
+        try:
+            us = graph_us([lambda w=w: torch._scaled_mm(a8, w.t(), scale_a=one, scale_b=one,
+                                                         out_dtype=torch.bfloat16) for w in w8])
+            log({**base, "kind": "cublas_fp8", "us": round(us, 2), "GBps": round(n * k / us / 1e3, 1),
+                 "TFLOPs": round(2 * m * n * k / us / 1e6, 1)})
+        except Exception as ex:
+            log({**base, "kind": "cublas_fp8", "error": repr(ex)[:200]})
+        del wb, w8
+        try:
+            packs = []
+            for _ in range(copies * 2):
+                wint = torch.randint(0, 256, (n, k // 2), device=DEV, dtype=torch.uint8)
+                packs.append((torch._convert_weight_to_int4pack(wint, 8),
+                              torch.randn(k // 128, n, 2, device=DEV, dtype=torch.bfloat16)))
+            us = graph_us([lambda p=p: torch._weight_int4pack_mm(a, p[0], 128, p[1]) for p in packs])
+            log({**base, "kind": "tinygemm_g128", "us": round(us, 2),
+                 "GBps": round(n * k * (0.5 + 4 / 128) / us / 1e3, 1), "TFLOPs": round(2 * m * n * k / us / 1e6, 1)})
+            del packs
+        except Exception as ex:
+            log({**base, "kind": "tinygemm_g128", "error": repr(ex)[:200]})
+        torch.cuda.empty_cache()
+
+
+MOE_SHAPES = {  # name: (E, H, I)
+    "kimi_tp8": (384, 7168, 256),
+    "glm52": (256, 6144, 2048),
+    "kimi": (384, 7168, 2048),
+    "glm47": (160, 5120, 1536),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT") or ".")
+    ap.add_argument("--tokens", default="1,16,64")
+    ap.add_argument("--moe", default="kimi_tp8,glm52")
+    ap.add_argument("--groups", default="32,128")
+    ap.add_argument("--peers", default="dense,triton,marlin")
+    ap.add_argument("--dense-m", default="1,16,64,512,4096")
+    ap.add_argument("--sweep", action="store_true", help="also try a grid of kq tile configs (stage 1)")
+    ap.add_argument("--skip-dense", action="store_true")
+    args = ap.parse_args()
+    peers = set(p for p in args.peers.split(",") if p)
+    groups = [int(g) for g in args.groups.split(",")]
+    torch.manual_seed(0)
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "python": platform.python_version(),
+           "sms": torch.cuda.get_device_properties(0).multi_processor_count}
+    try:
+        env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                       capture_output=True, text=True).stdout.strip()
+    except OSError:
+        env["driver"] = "?"
+    env["copy_TBps_rw"] = round(copy_bandwidth_tbps(), 3)
+    print(json.dumps(env), flush=True)
+    for m in [int(t) for t in args.tokens.split(",")]:
+        for name in args.moe.split(","):
+            e, h, i = MOE_SHAPES[name]
+            try:
+                moe_case(name, e, h, i, m, 8, groups, peers, args.sweep)
+            except Exception as ex:
+                traceback.print_exc()
+                log({"case": name, "M": m, "error": repr(ex)[:300]})
+    if not args.skip_dense:
+        dm = [int(t) for t in args.dense_m.split(",")]
+        for name, n, k, ms in [("dense_12288x6144", 12288, 6144, dm), ("kimi_gate_up_4096x7168", 4096, 7168, [1, 8, 32]),
+                               ("kimi_down_7168x2048", 7168, 2048, [1])]:
+            try:
+                dense_case(name, n, k, ms, peers)
+            except Exception as ex:
+                traceback.print_exc()
+                log({"case": name, "error": repr(ex)[:300]})
+    with open(os.path.join(args.out, "kernels_bench.json"), "w") as f:
+        json.dump({"env": env, "rows": ROWS}, f, indent=1)
+    print_table(env)
+
+
+def print_table(env):
+    print(f"\n{env['gpu']} driver {env['driver']} torch {env['torch']} triton {env['triton']} {env['date']} "
+          f"copy {env['copy_TBps_rw']} TB/s")
+    for r in ROWS:
+        if "sweep" in r.get("kind", "") or "us" not in r:
+            continue
+        key = r.get("case"), r.get("M")
+        print(f"{key[0]:24s} M={key[1]:<5} {r['kind']:16s} {r['us']:9.2f} us  {r.get('GBps', 0):7.1f} GB/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""The Triton kernels on a CUDA GPU against the float32 torch reference (run on the H200).
+
+Random inputs drawn fresh for every case, outputs poisoned (NaN) before each run so an
+unwritten element fails, shapes chosen to hit the edges: odd M, N not a multiple of the
+tile, K padded, every group size, experts with no tokens, an expert map, split-K on and off.
+"""
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from kq.kernels import prepack_linear, prepack_moe, reference  # noqa: E402
+from kq.kernels.layout import pack_checkpoint_nibbles  # noqa: E402
+
+ops = pytest.importorskip("kq.kernels.triton_ops")
+DEV = "cuda"
+
+
+def _weights(e, n, k, group, gen):
+    nib = torch.randint(0, 16, (e, n, k), generator=gen, device=DEV)
+    scale = (torch.rand(e, n, k // group, generator=gen, device=DEV) * 0.05 + 1e-3).to(torch.bfloat16)
+    return pack_checkpoint_nibbles(nib), scale
+
+
+def _rel(a, b):
+    assert not torch.isnan(a).any(), "unwritten (NaN-poisoned) or NaN output"
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def _poisoned_out(monkeypatch):
+    """Make torch.empty in the launch wrappers return NaN-filled buffers."""
+    real_empty = torch.empty
+
+    def empty(*a, **kw):
+        t = real_empty(*a, **kw)
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        elif t.dtype == torch.int32:
+            t.fill_(-7)
+        return t
+    monkeypatch.setattr(ops.torch, "empty", empty)
+
+
+DENSE_CASES = [(m, n, k, g) for g in (32, 64, 128)
+               for (m, n, k) in [(1, 4096, 7168), (3, 200, 384), (17, 1000, 2048), (64, 7168, 2048),
+                                 (129, 768, 1536), (1, 96, 192 if g != 128 else 256)]]
+
+
+@pytest.mark.parametrize("m,n,k,group", DENSE_CASES)
+def test_dense_matches_reference(m, n, k, group, monkeypatch):
+    gen = torch.Generator(device=DEV).manual_seed(m * 7 + n + k + group)
+    p, s = _weights(1, n, k, group, gen)
+    w = prepack_linear(p[0], s[0], group)
+    x = torch.randn(m, k, generator=gen, device=DEV).to(torch.bfloat16)
+    _poisoned_out(monkeypatch)
+    got = ops.w4a16_linear(x, w)
+    assert _rel(got, reference.w4a16_linear(x, w)) < 8e-3
+
+
+@pytest.mark.parametrize("split", [1, 2, 4])
+def test_dense_split_k_configs(split, monkeypatch):
+    gen = torch.Generator(device=DEV).manual_seed(split)
+    p, s = _weights(1, 520, 1024, 64, gen)
+    w = prepack_linear(p[0], s[0], 64)
+    x = torch.randn(5, 1024, generator=gen, device=DEV).to(torch.bfloat16)
+    _poisoned_out(monkeypatch)
+    for cfg in (ops.TileConfig(16, 64, split), ops.TileConfig(16, 128, split, num_warps=8)):
+        assert _rel(ops.w4a16_linear(x, w, config=cfg), reference.w4a16_linear(x, w)) < 8e-3
+
+
+MOE_CASES = [  # E, H, I, T, k, group, use_map
+    (16, 512, 256, 1, 8, 128, False),
+    (16, 512, 256, 7, 8, 32, True),
+    (64, 1024, 128, 33, 8, 64, False),
+    (8, 768, 192, 5, 2, 64, False),        # I not a multiple of 128: K of the down projection padded
+    (32, 256, 512, 300, 4, 32, True),      # prefill-style tiles (many tokens per expert)
+    (160, 5120, 192, 16, 8, 32, False),    # GLM-4.7 TP8 slice
+]
+
+
+@pytest.mark.parametrize("E,H,I,T,k,group,use_map", MOE_CASES)
+def test_fused_moe_matches_reference(E, H, I, T, k, group, use_map, monkeypatch):
+    gen = torch.Generator(device=DEV).manual_seed(E + H + T)
+    p13, s13 = _weights(E, 2 * I, H, group, gen)
+    p2, s2 = _weights(E, H, I, group, gen)
+    pp = prepack_moe(p13, s13, p2, s2, group)
+    x = torch.randn(T, H, generator=gen, device=DEV).to(torch.bfloat16)
+    # routing over the first half of the experts only: the rest receive no token
+    ids = torch.stack([torch.randperm(max(k, E // 2), generator=gen, device=DEV)[:k] for _ in range(T)])
+    ids = ids.to(torch.int32)
+    tw = torch.rand(T, k, generator=gen, device=DEV)
+    emap = None
+    if use_map:
+        emap = torch.arange(E, device=DEV, dtype=torch.int32)
+        emap[1::3] = -1                                   # these experts live on another rank
+    _poisoned_out(monkeypatch)
+    got = ops.fused_moe_w4a16(x, pp, tw, ids, expert_map=emap, routed_scaling_factor=2.5)
+    want = reference.fused_moe_w4a16(x, pp, tw, ids, expert_map=emap, routed_scaling_factor=2.5)
+    assert _rel(got, want) < 1.5e-2
+
+
+def test_fused_moe_capture_in_cuda_graph_and_replay_with_new_routing():
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    E, H, I, T, k, g = 32, 1024, 256, 4, 8, 128
+    p13, s13 = _weights(E, 2 * I, H, g, gen)
+    p2, s2 = _weights(E, H, I, g, gen)
+    pp = prepack_moe(p13, s13, p2, s2, g)
+    x = torch.randn(T, H, generator=gen, device=DEV).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(E, generator=gen, device=DEV)[:k] for _ in range(T)]).to(torch.int32)
+    tw = torch.rand(T, k, generator=gen, device=DEV)
+    ops.fused_moe_w4a16(x, pp, tw, ids)          # warm-up compiles
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.fused_moe_w4a16(x, pp, tw, ids)
+    for _ in range(3):                           # new routing and inputs written into the captured buffers
+        ids.copy_(torch.stack([torch.randperm(E, generator=gen, device=DEV)[:k] for _ in range(T)]))
+        x.copy_(torch.randn(T, H, generator=gen, device=DEV))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _rel(out, reference.fused_moe_w4a16(x, pp, tw, ids)) < 1.5e-2

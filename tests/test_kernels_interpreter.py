@@ -1,0 +1,95 @@
+"""The Triton kernels on the CPU through Triton's interpreter, against the torch reference.
+
+Needs triton installed (a CPU-only torch is fine). The interpreter runs the kernels' dots in
+fp32 (DOT_F32: it mis-multiplies bf16 dots), so the bf16 tensor-core path is GPU-tested only.
+"""
+import importlib.util
+import sys
+
+import pytest
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed", allow_module_level=True)
+if "triton" in sys.modules and "_triton_interpreter" not in sys.modules:
+    pytest.skip("triton was imported before TRITON_INTERPRET could be set", allow_module_level=True)
+import _triton_interpreter  # noqa: E402,F401  (sets TRITON_INTERPRET before triton is imported)
+import torch  # noqa: E402
+
+from kq.kernels import prepack_linear, prepack_moe, reference  # noqa: E402
+from kq.kernels.layout import pack_checkpoint_nibbles  # noqa: E402
+
+ops = pytest.importorskip("kq.kernels.triton_ops")
+if not ops._INTERPRETED:   # imported earlier in this process without the interpreter
+    pytest.skip("kq.kernels.triton_ops was imported before TRITON_INTERPRET was set", allow_module_level=True)
+
+
+def _weights(e, n, k, group, gen):
+    nib = torch.randint(0, 16, (e, n, k), generator=gen)
+    return pack_checkpoint_nibbles(nib), (torch.rand(e, n, k // group, generator=gen) * 0.05 + 1e-3).to(torch.bfloat16)
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.parametrize("m,n,k,group,cfg", [
+    (3, 80, 256, 32, None),                               # N not a multiple of the tile
+    (1, 48, 192, 64, None),                               # K padded to 256
+    (17, 64, 384, 128, ops.TileConfig(16, 32, 3)),       # odd M over two row blocks, split-K 3
+    (5, 64, 256, 32, ops.TileConfig(16, 64, 2)),
+])
+def test_dense_kernel_matches_reference(m, n, k, group, cfg):
+    gen = torch.Generator().manual_seed(m * n + k)
+    p, s = _weights(1, n, k, group, gen)
+    w = prepack_linear(p[0], s[0], group)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    got = ops.w4a16_linear(x, w, config=cfg)
+    want = reference.w4a16_linear(x, w)
+    assert got.shape == (m, n)
+    assert _rel(got, want) < 8e-3
+
+
+def _check_routing(ids, emap, e, block_m):
+    pairs, blk_e, blk_s, blk_c = ops.moe_align(ids, e, block_m, emap)
+    local = reference.local_expert_ids(ids, emap).flatten()
+    seen = []
+    for b in range(blk_e.numel()):
+        ex = int(blk_e[b])
+        if ex < 0:
+            continue
+        c, s0 = int(blk_c[b]), int(blk_s[b])
+        assert 1 <= c <= block_m
+        rows = pairs[s0:s0 + c].tolist()
+        assert all(int(local[p]) == ex for p in rows)
+        seen += rows
+    want = sorted(p for p in range(local.numel()) if int(local[p]) >= 0)
+    assert sorted(seen) == want          # every local pair exactly once, remote pairs never
+    return blk_e
+
+
+def test_routing_table_covers_each_local_pair_once():
+    ids = torch.tensor([[0, 3, 5], [3, 1, 0], [1, 0, 3], [5, 3, 1], [0, 1, 3]], dtype=torch.int32)
+    blk_e = _check_routing(ids, None, 6, 2)
+    assert set(blk_e.tolist()) - {-1} == {0, 1, 3, 5}      # experts 2 and 4 get no block
+    _check_routing(ids, torch.tensor([1, -1, 2, 0, 4, 5], dtype=torch.int32), 6, 4)
+
+
+@pytest.mark.parametrize("group,use_map,cfgs", [
+    (32, False, None),
+    (64, True, (ops.TileConfig(16, 32, 2), ops.TileConfig(16, 64, 1))),
+    (128, False, (ops.TileConfig(64, 64, 1), ops.TileConfig(64, 128, 1))),   # prefill-style tiles
+])
+def test_fused_moe_kernel_matches_reference(group, use_map, cfgs):
+    gen = torch.Generator().manual_seed(group)
+    E, H, I, T, k = 6, 256, 128, 5, 3
+    p13, s13 = _weights(E, 2 * I, H, group, gen)
+    p2, s2 = _weights(E, H, I, group, gen)
+    pp = prepack_moe(p13, s13, p2, s2, group)
+    x = torch.randn(T, H, generator=gen).to(torch.bfloat16)
+    ids = torch.tensor([[0, 3, 5], [3, 1, 0], [1, 0, 3], [5, 3, 1], [0, 1, 3]], dtype=torch.int32)
+    tw = torch.rand(T, k, generator=gen)
+    emap = torch.tensor([1, -1, 2, 0, 4, 5], dtype=torch.int32) if use_map else None
+    got = ops.fused_moe_w4a16(x, pp, tw, ids, expert_map=emap, routed_scaling_factor=2.5, configs=cfgs)
+    want = reference.fused_moe_w4a16(x, pp, tw, ids, expert_map=emap, routed_scaling_factor=2.5)
+    assert got.shape == (T, H)
+    assert _rel(got, want) < 1.5e-2      # the kernel rounds the SiLU*mul activations to bf16
