@@ -206,3 +206,210 @@ def test_families_registry_lists_options_with_help():
     for fam in FAMILIES.values():
         assert fam.description
         assert all(opt.help for opt in fam.options.values())
+
+
+# -- every family -------------------------------------------------------------------------
+ALL = ["glm5", "glm4_moe", "kimi_k2", "kimi_k25"]
+
+
+@pytest.mark.parametrize("family", ALL)
+def test_family_generates_complete_deterministic_folder(family, tmp_path):
+    a = generate(family, tmp_path / "a", seed=11)
+    b = generate(family, tmp_path / "b", seed=11)
+    check_index(a)
+    assert digest(a) == digest(b)
+    for f in ("config.json", "generation_config.json", "tokenizer_config.json"):
+        json.loads((a / f).read_text())
+    assert (a / "tokenizer.json").exists() or (a / "tiktoken.model").exists()
+    assert not [p for p in a.parent.iterdir() if "synth-tmp" in p.name]  # no temp left behind
+
+
+def test_registry_has_all_families():
+    assert set(FAMILIES) == set(ALL)
+
+
+# -- glm4_moe -------------------------------------------------------------------------------
+def test_glm4_moe_per_channel_fp8_layout(tmp_path):
+    p = generate("glm4_moe", tmp_path / "g")
+    ts = {k: v[1:] for k, v in tensors(p).items()}
+    a = "model.layers.1.self_attn"
+    assert ts[f"{a}.q_proj.weight"] == ("F8_E4M3", (256, 256)) and ts[f"{a}.q_proj.bias"] == ("BF16", (256,))
+    assert ts[f"{a}.k_proj.weight"] == ("F8_E4M3", (128, 256)) and ts[f"{a}.k_proj.weight_scale"] == ("BF16", (128, 1))
+    assert ts[f"{a}.v_proj.bias"] == ("BF16", (128,)) and f"{a}.o_proj.bias" not in ts
+    assert ts[f"{a}.q_norm.weight"] == ("BF16", (64,)) and ts[f"{a}.k_norm.weight"] == ("BF16", (64,))
+    assert ts["model.layers.2.mlp.experts.15.down_proj.weight"] == ("F8_E4M3", (256, 512))
+    assert ts["model.layers.2.mlp.experts.15.down_proj.weight_scale"] == ("BF16", (256, 1))
+    assert ts["model.layers.0.mlp.gate_proj.weight"] == ("F8_E4M3", (768, 256))
+    assert ts["model.layers.3.mlp.gate.weight"] == ("BF16", (16, 256))
+    assert ts["model.layers.3.mlp.gate.e_score_correction_bias"] == ("F32", (16,))
+    assert ts["model.layers.4.eh_proj.weight"] == ("BF16", (256, 512))  # MTP layer
+    assert not any("weight_scale_inv" in n for n in ts)
+    # per-channel scale: every row's largest |code| sits at the top of the FP8 range
+    q = load(p, "model.layers.1.mlp.experts.3.up_proj.weight").float()
+    s = load(p, "model.layers.1.mlp.experts.3.up_proj.weight_scale")
+    top = q.abs().amax(dim=1)
+    assert top.min() >= 440 and top.max() <= 448
+    w = q * s.float()
+    assert 0.015 < w.std().item() < 0.03
+    assert len(set(s.flatten().tolist())) > 100  # rows differ
+
+
+def test_glm4_moe_config_is_valid_compressed_tensors(tmp_path):
+    from compressed_tensors.quantization import QuantizationConfig
+
+    p = generate("glm4_moe", tmp_path / "g")
+    cfg = json.loads((p / "config.json").read_text())
+    qc = cfg["quantization_config"]
+    parsed = QuantizationConfig.model_validate(qc)
+    assert parsed.format == "float-quantized" and parsed.quant_method == "compressed-tensors"
+    (group,) = parsed.config_groups.values()
+    assert group.targets == ["Linear"]
+    assert (group.weights.num_bits, group.weights.type, group.weights.strategy) == (8, "float", "channel")
+    assert group.input_activations.dynamic is True and group.input_activations.strategy == "token"
+    assert set(qc["ignore"]) == {"lm_head", "model.layers.4.eh_proj"} | {f"model.layers.{i}.mlp.gate" for i in (1, 2, 3, 4)}
+    assert cfg["model_type"] == "glm4_moe" and cfg["architectures"] == ["Glm4MoeForCausalLM"]
+    assert cfg["attention_bias"] is True and cfg["use_qk_norm"] is True and cfg["num_nextn_predict_layers"] == 1
+
+
+def test_glm4_moe_expert_sizes_for_tp_checks(tmp_path):
+    p = generate("glm4_moe", tmp_path / "ok")
+    i = json.loads((p / "config.json").read_text())["moe_intermediate_size"]
+    assert (i // 8) % 64 == 0 and (i // 8) % 32 == 0  # valid at TP 8 for Marlin, group 32
+    r = generate("glm4_moe", tmp_path / "real", real_ratio=True)
+    i = json.loads((r / "config.json").read_text())["moe_intermediate_size"]
+    assert i == 384 and (i // 8) % 64 != 0  # 48 per rank: Marlin refuses it
+    assert tensors(r)["model.layers.1.mlp.experts.0.gate_proj.weight"][2] == (384, 256)
+
+
+def test_glm4_moe_scale_dtype_option(tmp_path):
+    p = generate("glm4_moe", tmp_path / "f32", scale_dtype="F32", num_layers=2, n_experts=2)
+    assert tensors(p)["model.layers.1.mlp.experts.1.down_proj.weight_scale"][1:] == ("F32", (256, 1))
+    with pytest.raises(ValueError):
+        generate("glm4_moe", tmp_path / "bad", scale_dtype="I8")
+
+
+# -- kimi_k2 --------------------------------------------------------------------------------
+def test_kimi_k2_layout(tmp_path):
+    p = generate("kimi_k2", tmp_path / "k")
+    assert sorted(f.name for f in p.glob("*.safetensors")) == [f"model-{i}-of-3.safetensors" for i in (1, 2, 3)]
+    cfg = json.loads((p / "config.json").read_text())
+    assert cfg["model_type"] == "kimi_k2" and cfg["architectures"] == ["DeepseekV3ForCausalLM"]
+    assert cfg["auto_map"]["AutoConfig"] == "configuration_deepseek.DeepseekV3Config"
+    assert cfg["auto_map"]["AutoModelForCausalLM"] == "modeling_deepseek.DeepseekV3ForCausalLM"
+    assert cfg["quantization_config"] == {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                          "weight_block_size": [128, 128]}
+    ts = {k: v[1:] for k, v in tensors(p).items()}
+    assert not any(".indexer." in n for n in ts)
+    assert ts["model.layers.0.mlp.down_proj.weight_scale_inv"] == ("F32", (2, 6))  # layer 0 dense
+    assert ts["model.layers.2.mlp.experts.15.gate_proj.weight"] == ("F8_E4M3", (256, 256))
+    assert ts["model.layers.1.self_attn.kv_b_proj.weight"] == ("F8_E4M3", (512, 128))
+    assert not any(n.startswith("model.layers.3.") for n in ts)  # no MTP by default
+    assert {pattern(n) for n in ts} <= {pattern(n) for n in tensors(TINY)} if TINY.exists() else True
+
+
+def test_kimi_k2_remote_code_placeholders_refuse_to_run(tmp_path):
+    p = generate("kimi_k2", tmp_path / "k")
+    for f in ("configuration_deepseek.py", "modeling_deepseek.py", "tokenization_kimi.py"):
+        code = (p / f).read_text()
+        with pytest.raises(RuntimeError, match="must never be executed"):
+            exec(compile(code, f, "exec"), {})
+
+
+def test_kimi_k2_tiktoken_file_is_valid_bpe(tmp_path):
+    import base64
+
+    p = generate("kimi_k2", tmp_path / "k")
+    ranks = {}
+    for line in (p / "tiktoken.model").read_text().splitlines():
+        tok, rank = line.split()
+        ranks[base64.b64decode(tok)] = int(rank)
+    assert sorted(ranks.values()) == list(range(len(ranks)))
+    assert all(ranks[bytes([b])] == b for b in range(256))
+    for tok, r in ranks.items():  # every merged token splits into two lower-ranked tokens
+        if len(tok) > 1:
+            assert any(ranks.get(tok[:k], r) < r and ranks.get(tok[k:], r) < r for k in range(1, len(tok)))
+    tc = json.loads((p / "tokenizer_config.json").read_text())
+    vocab = json.loads((p / "config.json").read_text())["vocab_size"]
+    ids = {v["content"]: int(k) for k, v in tc["added_tokens_decoder"].items()}
+    assert all(len(ranks) <= i < vocab for i in ids.values())
+    assert tc["auto_map"]["AutoTokenizer"][0] == "tokenization_kimi.TikTokenTokenizer"
+    cfg = json.loads((p / "config.json").read_text())
+    assert cfg["bos_token_id"] == ids["[BOS]"] and cfg["eos_token_id"] == ids["[EOS]"]
+
+
+# -- kimi_k25 (already INT4) ------------------------------------------------------------------
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    words = packed.to(torch.int64) & 0xFFFFFFFF
+    return torch.stack([(words >> (4 * k)) & 0xF for k in range(8)], dim=2).flatten(1)
+
+
+def test_kimi_k25_is_already_int4(tmp_path):
+    from compressed_tensors.quantization import QuantizationConfig
+
+    p = generate("kimi_k25", tmp_path / "k")
+    cfg = json.loads((p / "config.json").read_text())
+    assert cfg["architectures"] == ["KimiK25ForConditionalGeneration"]
+    qc = QuantizationConfig.model_validate(cfg["quantization_config"])
+    assert qc.format == "pack-quantized"
+    (g,) = qc.config_groups.values()
+    assert (g.weights.num_bits, g.weights.group_size, g.weights.symmetric) == (4, 32, True)
+    ts = {k: v[1:] for k, v in tensors(p).items()}
+    text = [n for n in ts if not n.startswith(("vision_tower.", "mm_projector."))]
+    assert text and all(n.startswith("language_model.") for n in text)
+    x = "language_model.model.layers.1.mlp.experts.3.down_proj"
+    assert ts[f"{x}.weight_packed"] == ("I32", (256, 32))
+    assert ts[f"{x}.weight_scale"] == ("BF16", (256, 8))
+    assert ts[f"{x}.weight_shape"] == ("I32", (2,))
+    assert load(p, f"{x}.weight_shape").tolist() == [256, 256]
+    assert ts["language_model.model.layers.1.self_attn.o_proj.weight"][0] == "BF16"
+    assert not any(d == "F8_E4M3" for d, _ in ts.values())
+    nib = unpack_nibbles(load(p, f"{x}.weight_packed"))
+    assert nib.min() >= 1 and nib.max() <= 15  # codes in [-7, 7]
+    q = (nib - 8).float().view(256, 8, 32)
+    assert torch.equal(q.abs().amax(dim=2), torch.full((256, 8), 7.0))  # scale = amax/7 per group
+    w = (q * load(p, f"{x}.weight_scale").float().unsqueeze(2)).flatten(1)
+    assert 0.015 < w.std().item() < 0.03
+
+
+# -- full-size shapes (planned, not written: writing 10 GB is for benchmarks) --------------------
+def test_full_size_glm52_layer_plan():
+    from kq.synth.families import build
+
+    plan = build("glm5", 0, {"size": "full", "max_shard_bytes": 2 << 30})
+    ts = {e.name: e for e in plan.layout.entries}
+    e = ts["model.layers.0.mlp.experts.255.down_proj.weight"]
+    assert (e.dtype, e.shape) == ("F8_E4M3", (6144, 2048))
+    assert ts["model.layers.0.mlp.experts.0.gate_proj.weight_scale_inv"].shape == (16, 48)
+    assert ts["model.layers.0.self_attn.q_b_proj.weight"].shape == (64 * 256, 2048)
+    experts = sum(x.nbytes for n, x in ts.items() if ".experts." in n)
+    assert 9.6e9 < experts < 9.8e9  # 256 x 3 x 2048 x 6144 FP8 + scales
+    sizes: dict[str, int] = {}
+    for n, f in plan.assignment.items():
+        sizes[f] = sizes.get(f, 0) + ts[n].nbytes
+    assert len(sizes) >= 5 and max(sizes.values()) < 2.2 * 2**30
+
+
+def test_streaming_writer_bounds_memory(tmp_path):
+    """A single 4096 x 6144 FP8 weight (96 MB as float32, ~300 MB with the temporaries of
+    quantizing it whole) is written with far less extra resident memory: the writer
+    works 128 rows at a time."""
+    import subprocess
+    import sys
+
+    code = f"""
+import resource, torch
+from kq.synth.layout import Layout
+from kq.synth.assemble import write_folder
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+lay = Layout(0)
+lay.fp8_block_linear("big", 4096, 6144)
+write_folder({str(tmp_path / 'big')!r}, lay, {{e.name: "model.safetensors" for e in lay.entries}}, {{}}, index=False)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) // 1024)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    grown_mb = int(out.stdout.split()[-1])
+    assert grown_mb < 48, grown_mb
+    with safe_open(tmp_path / "big" / "model.safetensors", "pt") as h:
+        q, s = h.get_tensor("big.weight"), h.get_tensor("big.weight_scale_inv")
+    assert q.shape == (4096, 6144) and s.shape == (32, 48)
+    assert torch.equal(q.float().abs().view(32, 128, 48, 128).amax(dim=(1, 3)), torch.full((32, 48), 448.0))

@@ -73,6 +73,7 @@ def write_folder(
     *,
     index: bool = True,
     overwrite: bool = False,
+    threads: int | None = None,
 ) -> Path:
     """Write everything into a temp sibling folder, then rename it to out_dir: a reader
     never sees a half-written checkpoint. An existing empty out_dir (e.g. pytest's
@@ -86,12 +87,12 @@ def write_folder(
     tmp.mkdir()
     # Small tensors: one thread. Under load, torch's intra-op thread pool costs
     # milliseconds per op on a 2-core box (measured 7.5 ms vs 0.05 ms for a 256x256
-    # op), which made the tiny default take 9 s instead of a fraction of one.
+    # op; 5x slower on full-size row blocks at load 8), so tiny checkpoints always use
+    # one thread; full-size ones use `threads` or torch's setting (good on an idle box).
     big = max((e.nbytes for e in layout.entries), default=0) >= 4 << 20
-    threads = torch.get_num_threads()
+    before = torch.get_num_threads()
     try:
-        if not big:
-            torch.set_num_threads(1)
+        torch.set_num_threads(threads or (before if big else 1))
         write_shards(layout, assignment, tmp)
         if index:
             weight_map = dict(sorted(assignment.items()))
@@ -104,6 +105,6 @@ def write_folder(
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir

@@ -1,11 +1,10 @@
 """Streaming safetensors writer for synthetic checkpoints.
 
-The header is computed from shapes alone, so a shard is written tensor group by tensor
-group at known offsets without ever holding more than one group (plus small cached
-scales) in memory. File layout matches what `safetensors.torch.save_file` produces
-and what the real checkpoints show: `{"__metadata__":{"format":"pt"}, ...}` first,
-tensors ordered by dtype size (largest first, so every tensor stays aligned) then
-name, header padded with spaces to a multiple of 8.
+The header is computed from shapes alone, so a shard is written piece by piece at known
+offsets without ever holding more than one row block (plus small cached tensors) in
+memory. File layout matches `safetensors.torch.save_file` and the real checkpoints:
+`{"__metadata__":{"format":"pt"}, ...}` first, tensors ordered by dtype size (largest
+first, so every tensor stays aligned) then name, header padded with spaces to 8 bytes.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ import torch
 
 from .layout import DTYPES, Entry, Layout
 
-SMALL_CACHE_BYTES = 1 << 20  # tensors up to this size are kept for a later shard; bigger are regenerated
+SMALL_CACHE_BYTES = 1 << 20  # a tensor bound for a later shard is kept up to this size, else regenerated
 
 
 def header_for(entries: list[Entry]) -> tuple[bytes, dict[str, int]]:
@@ -37,48 +36,51 @@ def header_for(entries: list[Entry]) -> tuple[bytes, dict[str, int]]:
     return struct.pack("<Q", len(text)) + text, {n: start + o for n, o in rel.items()}
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+def as_bytes(t: torch.Tensor) -> memoryview:
+    return memoryview(t.contiguous().view(-1).view(torch.uint8).numpy())
 
 
 def write_shards(layout: Layout, assignment: dict[str, str], folder: Path) -> None:
-    """Write every shard named in `assignment` ({tensor name: file name}) into folder.
-
-    Each shard goes to a temp name and is renamed when complete. Within a shard each
-    tensor group is produced once and its members written at their header offsets.
-    """
-    group_entries: dict[str, list[Entry]] = {}
+    """Write every shard named in `assignment` ({tensor name: file name}) into folder,
+    each under a temp name renamed when complete."""
+    entry = {e.name: e for e in layout.entries}
+    groups: dict[str, list[Entry]] = {}
     for e in layout.entries:
-        group_entries.setdefault(e.group, []).append(e)
+        groups.setdefault(e.group, []).append(e)
     files = list(dict.fromkeys(assignment[e.name] for e in layout.entries))  # layout order
-    cache: dict[str, torch.Tensor] = {}
+    cache: dict[str, bytes] = {}  # small tensors made while writing an earlier shard
     for i, fname in enumerate(files):
-        pending = set(files[i + 1 :])
+        later = set(files[i + 1 :])
         members = [e for e in layout.entries if assignment[e.name] == fname]
         header, offsets = header_for(members)
+        written = dict.fromkeys((e.name for e in members), 0)
         tmp = folder / f".{fname}.tmp-{os.getpid()}"
         with open(tmp, "wb") as f:
             f.write(header)
             for group in dict.fromkeys(e.group for e in members):
-                made = None
-                for e in group_entries[group]:
-                    where = assignment[e.name]
-                    if where != fname and (where not in pending or e.name in cache):
-                        continue
-                    t = cache.pop(e.name, None)
-                    if t is None:
-                        made = made if made is not None else layout.produce(group)
-                        t = made[e.name]
-                    if where != fname:
-                        if e.nbytes <= SMALL_CACHE_BYTES:
-                            cache[e.name] = t  # e.g. a scale that lives in a later shard
-                        continue  # a big one is regenerated there (same seed, same bytes)
-                    if t.dtype != DTYPES[e.dtype] or tuple(t.shape) != e.shape:
-                        raise AssertionError(f"{e.name}: made {t.dtype} {tuple(t.shape)}, declared {e.dtype} {e.shape}")
-                    f.seek(offsets[e.name])
-                    f.write(memoryview(t.contiguous().view(-1).view(torch.uint8).numpy()))
-                del made
+                here = [e.name for e in groups[group] if assignment[e.name] == fname]
+                for name in here:
+                    if name in cache:
+                        f.seek(offsets[name])
+                        f.write(cache.pop(name))
+                        written[name] = entry[name].nbytes
+                if all(written[n] for n in here):
+                    continue
+                keep = {e.name: bytearray(e.nbytes) for e in groups[group]
+                        if assignment[e.name] in later and e.nbytes <= SMALL_CACHE_BYTES and e.name not in cache}
+                for name, off, t in layout.pieces(group):
+                    e = entry[name]
+                    if t.dtype != DTYPES[e.dtype]:
+                        raise AssertionError(f"{name}: made {t.dtype}, declared {e.dtype}")
+                    data = as_bytes(t)
+                    if name in written and written[name] < e.nbytes:
+                        f.seek(offsets[name] + off)
+                        f.write(data)
+                        written[name] += len(data)
+                    elif name in keep:
+                        keep[name][off : off + len(data)] = data
+                cache.update((n, bytes(b)) for n, b in keep.items())
+        short = [n for n, w in written.items() if w != entry[n].nbytes]
+        if short:
+            raise AssertionError(f"{fname}: wrong byte count for {short[:3]}")
         os.replace(tmp, folder / fname)
