@@ -389,6 +389,7 @@ def test_full_size_glm52_layer_plan():
     assert len(sizes) >= 5 and max(sizes.values()) < 2.2 * 2**30
 
 
+@pytest.mark.slow
 def test_streaming_writer_bounds_memory(tmp_path):
     """A single 4096 x 6144 FP8 weight (96 MB as float32, ~300 MB with the temporaries of
     quantizing it whole) is written with far less extra resident memory: the writer
@@ -413,3 +414,40 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) // 1024)
         q, s = h.get_tensor("big.weight"), h.get_tensor("big.weight_scale_inv")
     assert q.shape == (4096, 6144) and s.shape == (32, 48)
     assert torch.equal(q.float().abs().view(32, 128, 48, 128).amax(dim=(1, 3)), torch.full((32, 48), 448.0))
+
+
+# -- more odd cases and the command line --------------------------------------------------
+def test_odd_case_per_channel_fp8_in_deepseek_layout(tmp_path):
+    from compressed_tensors.quantization import QuantizationConfig
+
+    for family in ("glm5", "kimi_k2"):
+        p = generate(family, tmp_path / family, fp8="channel", scale_dtype="F32")
+        ts = {k: v[1:] for k, v in tensors(p).items()}
+        assert ts["model.layers.1.mlp.experts.0.up_proj.weight_scale"] == ("F32", (256, 1))
+        assert not any(n.endswith("weight_scale_inv") for n in ts)
+        qc = json.loads((p / "config.json").read_text())["quantization_config"]
+        assert QuantizationConfig.model_validate(qc).format == "float-quantized"
+        assert "lm_head" in qc["ignore"] and "model.layers.1.mlp.gate" in qc["ignore"]
+    with pytest.raises(ValueError, match="fp8"):
+        generate("glm5", tmp_path / "bad", fp8="int8")
+
+
+def test_glm52_indexers_proj_quirk(tmp_path):
+    p = generate("glm5", tmp_path / "q", indexers_proj_quirk=True, n_experts=2)
+    nc = json.loads((p / "config.json").read_text())["quantization_config"]["modules_to_not_convert"]
+    assert "model.layers.0.self_attn.indexers_proj" in nc and "model.layers.3.self_attn.indexers_proj" not in nc
+    assert "model.layers.0.self_attn.indexer.weights_proj.weight" in tensors(p)
+
+
+def test_command_line(tmp_path, capsys):
+    from kq.synth.__main__ import main
+
+    assert main(["--list"]) == 0
+    listing = capsys.readouterr().out
+    assert all(f in listing for f in ALL) and "split_scale" in listing
+    assert main(["kimi_k2", str(tmp_path / "k"), "num_layers=2", "n_experts=3", "mtp=true", "seed=5"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "k")
+    assert "model.layers.2.eh_proj.weight" in tensors(tmp_path / "k")
+    assert digest(tmp_path / "k") == digest(generate("kimi_k2", tmp_path / "k2", seed=5, num_layers=2, n_experts=3, mtp=True))
+    assert main(["kimi_k2", str(tmp_path / "x"), "colour=red"]) == 2
+    assert "colour" in capsys.readouterr().err

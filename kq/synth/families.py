@@ -80,7 +80,15 @@ def _dims(fam_tiny: dict, fam_full: dict, o: dict) -> dict:
         k: v for k, v in base.items() if k not in o}
 
 
+def _check_fp8(o: dict) -> None:
+    if o["fp8"] not in ("block", "channel"):
+        raise ValueError(f"fp8 must be 'block' or 'channel', got {o['fp8']!r}")
+    if o["scale_dtype"] not in ("BF16", "F32", "F16"):
+        raise ValueError(f"scale_dtype must be BF16, F16 or F32, got {o['scale_dtype']!r}")
+
+
 def make_glm5(plan: Plan, o: dict) -> None:
+    _check_fp8(o)
     o = _dims(glm5.TINY, glm5.FULL, o)
     cfg = glm5.build(plan.layout, o)
     plan.files["config.json"] = dump_json(cfg)
@@ -113,6 +121,7 @@ def _kimi_side_files(plan: Plan, o: dict, code: list[str], what: str) -> None:
 
 
 def make_kimi_k2(plan: Plan, o: dict) -> None:
+    _check_fp8(o)
     o = _dims(kimi.TINY, kimi.FULL, o)
     plan.files["config.json"] = dump_json(kimi.build_k2(plan.layout, o))
     _kimi_side_files(plan, o, ["configuration_deepseek.py", "modeling_deepseek.py", "tokenization_kimi.py"], "Kimi K2")
@@ -146,6 +155,7 @@ FAMILIES: dict[str, Family] = {
             "index_heads": Option(None, "index_n_heads"),
             "index_head_dim": Option(None, "index_head_dim"),
             "index_topk": Option(None, "index_topk (config only)"),
+            "indexers_proj_quirk": Option(False, "list `self_attn.indexers_proj` in modules_to_not_convert (GLM-5.2 Hub naming quirk)"),
         },
         make_glm5,
     ),

@@ -35,6 +35,28 @@ INPUT_ARGS = {"actorder": None, "block_structure": None, "dynamic": True, "group
               "observer": None, "observer_kwargs": {}, "strategy": "token", "symmetric": True, "type": "float"}
 
 
+def ct_fp8_channel_config(ignore: list[str]) -> dict:
+    """compressed-tensors float-quantized config: per-channel FP8 weights, dynamic per-token
+    activations, one group targeting Linear (also used for the per-channel odd case of the
+    DeepSeek-layout families, as in community FP8-Dynamic GLM-5 checkpoints)."""
+    return {
+        "config_groups": {
+            "group_0": {
+                "input_activations": INPUT_ARGS,
+                "output_activations": None,
+                "targets": ["Linear"],
+                "weights": WEIGHT_ARGS,
+            }
+        },
+        "format": "float-quantized",
+        "global_compression_ratio": None,
+        "ignore": ignore,
+        "kv_cache_scheme": None,
+        "quant_method": "compressed-tensors",
+        "quantization_status": "compressed",
+    }
+
+
 def build(layout: Layout, o: dict) -> dict:
     n, h = o["num_layers"], o["hidden"]
     lo = dict(o, fp8="channel")  # every quantized Linear here is per-channel
@@ -101,22 +123,7 @@ def config(o: dict, ignore: list[str]) -> dict:
         "use_cache": True,
         "use_qk_norm": o["use_qk_norm"],
         "vocab_size": o["vocab"],
-        "quantization_config": {
-            "config_groups": {
-                "group_0": {
-                    "input_activations": INPUT_ARGS,
-                    "output_activations": None,
-                    "targets": ["Linear"],
-                    "weights": WEIGHT_ARGS,
-                }
-            },
-            "format": "float-quantized",
-            "global_compression_ratio": None,
-            "ignore": ignore,
-            "kv_cache_scheme": None,
-            "quant_method": "compressed-tensors",
-            "quantization_status": "compressed",
-        },
+        "quantization_config": ct_fp8_channel_config(ignore),
     }
 
 

@@ -7,6 +7,7 @@ follows zai-org/GLM-5.x-FP8. Tiny defaults equal that model's dimensions.
 
 from __future__ import annotations
 
+from .glm4_moe import ct_fp8_channel_config
 from .layout import Layout
 from .mla import add_mla, add_moe_mlp, add_dense_mlp, add_mtp_extras
 
@@ -67,8 +68,19 @@ def build(layout: Layout, o: dict) -> dict:
         if i >= n:
             add_mtp_extras(layout, p, h)
             not_convert += [f"{p}.shared_head.norm", f"{p}.hnorm", f"{p}.enorm", f"{p}.eh_proj"]
+        if indexer and o["indexers_proj_quirk"]:
+            # GLM-5.2's Hub config names `indexers_proj` for the tensor `indexer.weights_proj`
+            not_convert.append(f"{p}.self_attn.indexers_proj")
     layout.norm("model.norm.weight", h)
-    return config(o, itypes, [layout.prefix + m for m in not_convert])
+    cfg = config(o, itypes, [layout.prefix + m for m in not_convert])
+    if o["fp8"] == "channel":
+        # odd case: per-channel FP8 in the GLM-5 layout needs a compressed-tensors config
+        bf16_linears = [m for m in not_convert if m.endswith((".mlp.gate", ".eh_proj"))]
+        bf16_linears += [f"model.layers.{i}.self_attn.indexer.weights_proj" for i in range(n + n_mtp)
+                         if i >= n or itypes is None or itypes[i] == "full"]
+        cfg["quantization_config"] = ct_fp8_channel_config(
+            [layout.prefix + m for m in ["lm_head"] + bf16_linears])
+    return cfg
 
 
 def config(o: dict, itypes: list[str] | None, not_convert: list[str]) -> dict:

@@ -9,6 +9,7 @@ padding (model-1-of-61.safetensors), and the tokenizer is a tiktoken ranks file.
 
 from __future__ import annotations
 
+from .glm4_moe import ct_fp8_channel_config
 from .layout import Layout
 from .mla import add_dense_mlp, add_mla, add_moe_mlp, add_mtp_extras
 from . import tokfiles
@@ -113,6 +114,10 @@ def build_k2(layout: Layout, o: dict) -> dict:
     # Kimi K2's FP8 config: DeepSeek-V3 style, and no modules_to_not_convert at all.
     cfg["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                                   "weight_block_size": [128, 128]}
+    if o["fp8"] == "channel":  # odd case: per-channel FP8 in the DeepSeek layout
+        routers = [f"{layout.prefix}model.layers.{i}.mlp.gate" for i in range(o["num_layers"] + (1 if o["mtp"] else 0))
+                   if not (i < o["first_k_dense"] and i < o["num_layers"])]
+        cfg["quantization_config"] = ct_fp8_channel_config([layout.prefix + "lm_head"] + routers)
     return cfg
 
 
