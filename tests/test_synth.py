@@ -138,6 +138,12 @@ def test_glm5_deterministic(tmp_path):
     assert all(da[f] != dc[f] for f in da if f.endswith(".safetensors"))
 
 
+def test_parallel_workers_give_the_same_bytes(tmp_path):
+    a = generate("glm5", tmp_path / "a", split_scale=True)
+    b = generate("glm5", tmp_path / "b", split_scale=True, workers=3)
+    assert digest(a) == digest(b)
+
+
 def test_odd_case_split_scale(tmp_path):
     p = generate("glm5", tmp_path / "s", split_scale=True)
     wm = index_of(p)["weight_map"]

@@ -29,7 +29,7 @@ def generate(family: str, out_dir: str | Path, *, seed: int = 0, **options) -> P
 
     plan = build(family, seed, options)
     return write_folder(Path(out_dir), plan.layout, plan.assignment, plan.files,
-                        index=plan.index, overwrite=plan.overwrite, threads=plan.threads)
+                        index=plan.index, overwrite=plan.overwrite, threads=plan.threads, workers=plan.workers)
 
 
 def generate_layer_shapes(family: str, out_dir: str | Path, *, seed: int = 0, num_layers: int = 1,

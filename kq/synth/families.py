@@ -34,6 +34,7 @@ class Plan:
     index: bool = True
     overwrite: bool = False
     threads: int | None = None
+    workers: int | None = None
     moved_scales: list[str] = field(default_factory=list)
 
 
@@ -46,7 +47,8 @@ COMMON = {
     "single_file": Option(False, "one model.safetensors and no index (n_shards forced to 1)"),
     "size": Option("tiny", "'tiny' or 'full' (real layer shapes, few layers, small vocab)"),
     "overwrite": Option(False, "replace a non-empty out_dir"),
-    "threads": Option(None, "torch threads while generating (default: 1 for tiny sizes, torch's setting for full)"),
+    "threads": Option(None, "torch intra-op threads while generating (default 1)"),
+    "workers": Option(None, "tensor groups generated in parallel (default: 1 for tiny, min(16, cores) for full)"),
 }
 
 MLA_OPTIONS = {
@@ -191,7 +193,8 @@ def build(family: str, seed: int, options: dict) -> Plan:
     if unknown:
         raise TypeError(f"{family}: unknown option(s) {sorted(unknown)}; valid: {sorted(fam.options)}")
     o = {k: opt.default for k, opt in fam.options.items()} | options
-    plan = Plan(Layout(seed, prefix=o["prefix"]), {}, overwrite=o["overwrite"], threads=o["threads"])
+    plan = Plan(Layout(seed, prefix=o["prefix"]), {}, overwrite=o["overwrite"], threads=o["threads"],
+                workers=o["workers"])
     fam.make(plan, o)
     if o["single_file"]:
         plan.assignment = {e.name: "model.safetensors" for e in plan.layout.entries}

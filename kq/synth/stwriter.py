@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -40,47 +41,68 @@ def as_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(t.contiguous().view(-1).view(torch.uint8).numpy())
 
 
-def write_shards(layout: Layout, assignment: dict[str, str], folder: Path) -> None:
+def _make_group(layout: Layout, fd: int, group: str, here: dict[str, int], keep: dict[str, bytearray],
+                entry: dict[str, Entry]) -> dict[str, int]:
+    """Generate one group; write its pieces for this shard (`here`: {name: file offset})
+    with pwrite, copy pieces bound for a later shard into `keep`. -> bytes written per name."""
+    written = dict.fromkeys(here, 0)
+    for name, off, t in layout.pieces(group):
+        e = entry[name]
+        if t.dtype != DTYPES[e.dtype]:
+            raise AssertionError(f"{name}: made {t.dtype}, declared {e.dtype}")
+        data = as_bytes(t)
+        if name in here:
+            os.pwrite(fd, data, here[name] + off)
+            written[name] += len(data)
+        elif name in keep:
+            keep[name][off : off + len(data)] = data
+    return written
+
+
+def write_shards(layout: Layout, assignment: dict[str, str], folder: Path, workers: int = 1) -> None:
     """Write every shard named in `assignment` ({tensor name: file name}) into folder,
-    each under a temp name renamed when complete."""
+    each under a temp name renamed when complete. With workers > 1, tensor groups are
+    generated in parallel threads (torch releases the GIL; offsets are fixed by the
+    header, so the bytes do not depend on the order in which groups finish)."""
     entry = {e.name: e for e in layout.entries}
     groups: dict[str, list[Entry]] = {}
     for e in layout.entries:
         groups.setdefault(e.group, []).append(e)
     files = list(dict.fromkeys(assignment[e.name] for e in layout.entries))  # layout order
     cache: dict[str, bytes] = {}  # small tensors made while writing an earlier shard
-    for i, fname in enumerate(files):
-        later = set(files[i + 1 :])
-        members = [e for e in layout.entries if assignment[e.name] == fname]
-        header, offsets = header_for(members)
-        written = dict.fromkeys((e.name for e in members), 0)
-        tmp = folder / f".{fname}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(header)
-            for group in dict.fromkeys(e.group for e in members):
-                here = [e.name for e in groups[group] if assignment[e.name] == fname]
-                for name in here:
-                    if name in cache:
-                        f.seek(offsets[name])
-                        f.write(cache.pop(name))
-                        written[name] = entry[name].nbytes
-                if all(written[n] for n in here):
-                    continue
-                keep = {e.name: bytearray(e.nbytes) for e in groups[group]
-                        if assignment[e.name] in later and e.nbytes <= SMALL_CACHE_BYTES and e.name not in cache}
-                for name, off, t in layout.pieces(group):
-                    e = entry[name]
-                    if t.dtype != DTYPES[e.dtype]:
-                        raise AssertionError(f"{name}: made {t.dtype}, declared {e.dtype}")
-                    data = as_bytes(t)
-                    if name in written and written[name] < e.nbytes:
-                        f.seek(offsets[name] + off)
-                        f.write(data)
-                        written[name] += len(data)
-                    elif name in keep:
-                        keep[name][off : off + len(data)] = data
-                cache.update((n, bytes(b)) for n, b in keep.items())
-        short = [n for n, w in written.items() if w != entry[n].nbytes]
-        if short:
-            raise AssertionError(f"{fname}: wrong byte count for {short[:3]}")
-        os.replace(tmp, folder / fname)
+    pool = ThreadPoolExecutor(workers) if workers > 1 else None
+    try:
+        for i, fname in enumerate(files):
+            later = set(files[i + 1 :])
+            members = [e for e in layout.entries if assignment[e.name] == fname]
+            header, offsets = header_for(members)
+            written = dict.fromkeys((e.name for e in members), 0)
+            tmp = folder / f".{fname}.tmp-{os.getpid()}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.pwrite(fd, header, 0)
+                jobs = []
+                for group in dict.fromkeys(e.group for e in members):
+                    here = {e.name: offsets[e.name] for e in groups[group] if assignment[e.name] == fname}
+                    for name in list(here):
+                        if name in cache:
+                            os.pwrite(fd, cache.pop(name), here.pop(name))
+                            written[name] = entry[name].nbytes
+                    if not here:
+                        continue
+                    keep = {e.name: bytearray(e.nbytes) for e in groups[group]
+                            if assignment[e.name] in later and e.nbytes <= SMALL_CACHE_BYTES and e.name not in cache}
+                    args = (layout, fd, group, here, keep, entry)
+                    jobs.append((keep, pool.submit(_make_group, *args) if pool else _make_group(*args)))
+                for keep, job in jobs:
+                    written.update(job.result() if pool else job)
+                    cache.update((n, bytes(b)) for n, b in keep.items())
+            finally:
+                os.close(fd)
+            short = [n for n, w in written.items() if w != entry[n].nbytes]
+            if short:
+                raise AssertionError(f"{fname}: wrong byte count for {short[:3]}")
+            os.replace(tmp, folder / fname)
+    finally:
+        if pool:
+            pool.shutdown()
