@@ -457,3 +457,33 @@ def test_command_line(tmp_path, capsys):
     assert digest(tmp_path / "k") == digest(generate("kimi_k2", tmp_path / "k2", seed=5, num_layers=2, n_experts=3, mtp=True))
     assert main(["kimi_k2", str(tmp_path / "x"), "colour=red"]) == 2
     assert "colour" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", ALL)
+def test_tokenizer_ids_stay_inside_a_small_vocab(family, tmp_path):
+    import base64
+
+    p = generate(family, tmp_path / "v", vocab=300, num_layers=2, n_experts=2)
+    if (p / "tokenizer.json").exists():
+        import tokenizers
+
+        tok = tokenizers.Tokenizer.from_file(str(p / "tokenizer.json"))
+        assert tok.get_vocab_size() <= 300
+        ids = tok.encode("the word was quantized").ids
+        assert tok.decode(ids) == "the word was quantized"
+    else:
+        ranks = [int(line.split()[1]) for line in (p / "tiktoken.model").read_text().splitlines()]
+        specials = [int(k) for k in json.loads((p / "tokenizer_config.json").read_text())["added_tokens_decoder"]]
+        assert max(ranks) < min(specials) and max(specials) < 300
+    with pytest.raises(ValueError, match="vocab too small"):
+        generate(family, tmp_path / "tiny", vocab=200)
+
+
+@pytest.mark.parametrize("family", ["glm5", "glm4_moe"])
+def test_transformers_reads_the_config(family, tmp_path):
+    from transformers import AutoConfig
+
+    p = generate(family, tmp_path / "c", num_layers=3, first_k_dense=1, n_experts=2)
+    cfg = AutoConfig.from_pretrained(p)  # no remote code: these are transformers-native types
+    assert cfg.model_type == family.replace("glm5", "glm_moe_dsa")
+    assert (cfg.num_hidden_layers, cfg.n_routed_experts, cfg.first_k_dense_replace) == (3, 2, 1)

@@ -95,7 +95,7 @@ def make_glm5(plan: Plan, o: dict) -> None:
     cfg = glm5.build(plan.layout, o)
     plan.files["config.json"] = dump_json(cfg)
     plan.files["generation_config.json"] = dump_json(glm5.GENERATION_CONFIG)
-    plan.files["tokenizer.json"] = tokfiles.tokenizer_json(["<|endoftext|>", "<|pad|>"])
+    plan.files["tokenizer.json"] = tokfiles.tokenizer_json(["<|endoftext|>", "<|pad|>"], o["vocab"])
     plan.files["tokenizer_config.json"] = dump_json({
         "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
         "pad_token": "<|pad|>", "model_max_length": o["max_position"]})
@@ -109,7 +109,7 @@ def make_glm4_moe(plan: Plan, o: dict) -> None:
     o = _dims(glm4_moe.TINY, glm4_moe.FULL, o)
     plan.files["config.json"] = dump_json(glm4_moe.build(plan.layout, o))
     plan.files["generation_config.json"] = dump_json(glm4_moe.GENERATION_CONFIG)
-    plan.files["tokenizer.json"] = tokfiles.tokenizer_json(glm4_moe.SPECIALS)
+    plan.files["tokenizer.json"] = tokfiles.tokenizer_json(glm4_moe.SPECIALS, o["vocab"])
     plan.files["tokenizer_config.json"] = dump_json({
         "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
         "pad_token": "<|pad|>", "model_max_length": o["max_position"]})

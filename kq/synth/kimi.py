@@ -27,11 +27,22 @@ FULL = dict(
 )
 # Kimi's special tokens sit in the last 256 ids of the vocab ([BOS] = 163584 of 163840).
 SPECIALS = ["[BOS]", "[EOS]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>",
-            "<|im_middle|>", "[UNK]", "[PAD]"]
+            "<|im_middle|>", "[UNK]", "[PAD]", "<|media_pad|>"]
+
+
+def token_layout(vocab: int) -> tuple[int, int]:
+    """-> (BPE merges, first special id). Like Kimi, specials take the last 256 ids when the
+    vocab has room for them after the byte tokens and merges; a very small vocab puts them
+    right after the ranks instead."""
+    if vocab >= 256 + tokfiles.MAX_MERGES + 256:
+        return tokfiles.MAX_MERGES, vocab - 256
+    n = tokfiles.merges_that_fit(vocab - 256 - len(SPECIALS))
+    return n, 256 + n
 
 
 def special_ids(vocab: int) -> dict[str, int]:
-    return {s: vocab - 256 + i for i, s in enumerate(SPECIALS)}
+    start = token_layout(vocab)[1]
+    return {s: start + i for i, s in enumerate(SPECIALS)}
 
 
 def add_decoder(layout: Layout, o: dict) -> None:
@@ -149,7 +160,7 @@ def build_k25(layout: Layout, o: dict) -> dict:
         "model_type": "kimi_k25",
         "text_config": text,
         "vision_config": {"model_type": "moonvit", "hidden_size": v, "patch_size": 14, "num_hidden_layers": 1},
-        "media_placeholder_token_id": special_ids(o["vocab"])["[PAD]"] + 1,
+        "media_placeholder_token_id": special_ids(o["vocab"])["<|media_pad|>"],
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
         "transformers_version": "4.56.2",
@@ -181,10 +192,8 @@ def remote_code_files(names: list[str], what: str) -> dict[str, str]:
 
 
 def tokenizer_files(o: dict) -> dict[str, str]:
-    text, n_ranks = tokfiles.tiktoken_model()
+    text, _ = tokfiles.tiktoken_model(token_layout(o["vocab"])[0])
     ids = special_ids(o["vocab"])
-    if n_ranks > o["vocab"] - 256:
-        raise ValueError(f"vocab {o['vocab']} too small for {n_ranks} tokens + 256 specials")
     entry = lambda s: {"content": s, "lstrip": False, "normalized": False, "rstrip": False,  # noqa: E731
                        "single_word": False, "special": True}
     cfg = {

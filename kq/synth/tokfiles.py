@@ -10,6 +10,8 @@ import base64
 import json
 from collections import Counter
 
+MAX_MERGES = 48
+
 SAMPLE = (
     "the quick brown fox jumps over the lazy dog and then the dog sleeps in the sun; "
     "in the beginning there was the word, and the word was quantized to four bits."
@@ -29,7 +31,7 @@ def byte_unicode() -> dict[int, str]:
     return out
 
 
-def learn_merges(n: int = 48) -> list[tuple[bytes, bytes]]:
+def learn_merges(n: int = MAX_MERGES) -> list[tuple[bytes, bytes]]:
     """Plain BPE over SAMPLE's words (space glued to the following word). Ties break on
     the byte strings, so the result never depends on dict order."""
     words = Counter()
@@ -60,14 +62,22 @@ def learn_merges(n: int = 48) -> list[tuple[bytes, bytes]]:
     return merges
 
 
-def tokenizer_json(specials: list[str]) -> str:
-    """HF tokenizers byte-level BPE; special tokens take ids 0..len(specials)-1."""
+def merges_that_fit(room: int) -> int:
+    """How many merges fit in `room` ids beyond the 256 byte tokens (and the specials)."""
+    if room < 0:
+        raise ValueError(f"vocab too small for a byte-level tokenizer: {-room} ids short")
+    return min(MAX_MERGES, room)
+
+
+def tokenizer_json(specials: list[str], vocab_size: int) -> str:
+    """HF tokenizers byte-level BPE; special tokens take ids 0..len(specials)-1. Every id
+    stays below the model's vocab_size."""
     bu = byte_unicode()
     enc = lambda bs: "".join(bu[b] for b in bs)  # noqa: E731
     vocab = {s: i for i, s in enumerate(specials)}
     for b in range(256):
         vocab[bu[b]] = len(vocab)
-    merges = learn_merges()
+    merges = learn_merges(merges_that_fit(vocab_size - len(vocab)))
     for a, b in merges:
         vocab.setdefault(enc(a + b), len(vocab))
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
@@ -94,11 +104,11 @@ def tokenizer_json(specials: list[str]) -> str:
     return json.dumps(doc, indent=2, ensure_ascii=False)
 
 
-def tiktoken_model() -> tuple[str, int]:
+def tiktoken_model(n_merges: int = MAX_MERGES) -> tuple[str, int]:
     """-> (file text, number of ranks). Ranks 0..255 are the single bytes."""
     tokens = [bytes([b]) for b in range(256)]
     seen = set(tokens)
-    for a, b in learn_merges():
+    for a, b in learn_merges(n_merges):
         if a + b not in seen:
             seen.add(a + b)
             tokens.append(a + b)
