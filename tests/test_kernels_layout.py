@@ -42,7 +42,8 @@ def test_checkpoint_unpack_matches_python_packer_for_every_nibble_and_position()
 
 @pytest.mark.parametrize("k", [128, 192, 256, 384])
 def test_prepack_places_every_input_where_the_kernel_reads_it(k):
-    # exhaustive over positions: input k of output n must sit in word 16*(k//128) + k%16, nibble (k%128)//16
+    # exhaustive over positions: input k of output n must sit in word 16*(k//128) + (k%32)//2,
+    # nibble (k%128)//32 + 4*(k%2)
     gen = torch.Generator().manual_seed(k)
     nib, packed, scale = _ckpt(2, 24, k, 32, gen)
     q, s = prepack_matrix(packed, scale, 32)
@@ -50,8 +51,8 @@ def test_prepack_places_every_input_where_the_kernel_reads_it(k):
     assert q.shape == (2, kp // 8, 24) and q.dtype == torch.int32
     qn = q.numpy().astype(np.int64) & 0xFFFFFFFF
     for kk in range(kp):
-        word = 16 * (kk // 128) + kk % 16
-        shift = 4 * ((kk % 128) // 16)
+        word = 16 * (kk // 128) + (kk % 32) // 2
+        shift = 4 * ((kk % 128) // 32 + 4 * (kk % 2))
         got = (qn[:, word, :] >> shift) & 0xF
         want = nib[:, :, kk].numpy() if kk < k else np.full((2, 24), 8)     # padding: q = 0
         assert np.array_equal(got, want), kk

@@ -17,6 +17,42 @@ import triton.language as tl
 
 
 @triton.jit
+def _bf16_pairs(w, J: tl.constexpr):
+    """[32, BN] int32 (row r = word r//2) -> [32, BN] bf16 holding 128 + nibble (q + 136).
+
+    pack=2 hands the asm the two elements (k, k+1) that share one 32-bit register of the
+    tensor-core fragment; both come from the same word, nibbles J and J+4 at bits 4J and
+    16+4J: one shift and one lop3 ((t & 0x000F000F) | 0x43004300) make the bf16 pair."""
+    if J == 0:
+        c = tl.inline_asm_elementwise("lop3.b32 $0, $1, 0x000F000F, 0x43004300, 0xEA;",
+                                      "=r,r,r", [w], dtype=tl.bfloat16, is_pure=True, pack=2)
+    elif J == 1:
+        c = tl.inline_asm_elementwise(
+            "{.reg .b32 t; shr.u32 t, $1, 4; lop3.b32 $0, t, 0x000F000F, 0x43004300, 0xEA;}",
+            "=r,r,r", [w], dtype=tl.bfloat16, is_pure=True, pack=2)
+    elif J == 2:
+        c = tl.inline_asm_elementwise(
+            "{.reg .b32 t; shr.u32 t, $1, 8; lop3.b32 $0, t, 0x000F000F, 0x43004300, 0xEA;}",
+            "=r,r,r", [w], dtype=tl.bfloat16, is_pure=True, pack=2)
+    else:
+        c = tl.inline_asm_elementwise(
+            "{.reg .b32 t; shr.u32 t, $1, 12; lop3.b32 $0, t, 0x000F000F, 0x43004300, 0xEA;}",
+            "=r,r,r", [w], dtype=tl.bfloat16, is_pure=True, pack=2)
+    return c
+
+
+@triton.jit
+def _dot_planes_f32(a_base, row_mask, w, kb, j: tl.constexpr, K, acc, offs_w):
+    """Interpreter path, same maths in plain ops: nibble j+4i of word w is input 128kb+32j+2w+i."""
+    for i in tl.static_range(2):
+        kk = kb * 128 + j * 32 + i + 2 * offs_w
+        x = tl.load(a_base + kk[None, :], mask=row_mask[:, None] & (kk < K)[None, :], other=0.0)
+        c = ((w >> (4 * (j + 4 * i))) & 0xF).to(tl.float32) - 8.0
+        acc = tl.dot(x.to(tl.float32), c, acc)
+    return acc
+
+
+@triton.jit
 def w4a16_gemm_kernel(
     a_ptr, stride_am,                       # activations [rows, K] bf16, K contiguous
     q_ptr, stride_qe, stride_qk,            # prepacked int32 [E, Kp/8, NW], NW contiguous
@@ -30,7 +66,7 @@ def w4a16_gemm_kernel(
     GATED: tl.constexpr,                    # w13: columns n (gate) and up_offset + n (up)
     SPLIT_K: tl.constexpr,                  # > 1: write fp32 partial sums, a reduce kernel finishes
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_F32: tl.constexpr = False,          # Triton's CPU interpreter mis-multiplies bf16 dots
+    INTERPRETED: tl.constexpr = False,      # Triton's CPU interpreter: no inline PTX, no bf16 dots
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -56,7 +92,6 @@ def w4a16_gemm_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     offs_w = tl.arange(0, 16)
-    offs_k16 = tl.arange(0, 16)
 
     q_base = q_ptr + expert.to(tl.int64) * stride_qe
     s_base = s_ptr + expert.to(tl.int64) * stride_se
@@ -64,33 +99,36 @@ def w4a16_gemm_kernel(
 
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    SUBS_PER_GROUP: tl.constexpr = (GROUP if GROUP < 128 else 128) // 16
+    SUBS_PER_GROUP: tl.constexpr = (GROUP if GROUP < 128 else 128) // 32
+    offs_k32 = tl.arange(0, 32)
 
     kb_lo = pid_s * kblocks_per_split          # the host makes SPLIT_K divide the K blocks
     for kb_i in range(0, kblocks_per_split):
         kb = kb_lo + kb_i
-        q_ptrs = q_base + (kb * 16 + offs_w)[:, None] * stride_qk + offs_n[None, :]
-        wg = tl.load(q_ptrs, mask=n_mask[None, :], other=0)                     # [16, BN] int32
+        if INTERPRETED:
+            q_ptrs = q_base + (kb * 16 + offs_w)[:, None] * stride_qk + offs_n[None, :]     # [16, BN]
+        else:
+            # [32, BN]: row r is word r // 2, so each thread's (k, k+1) pair of the B fragment
+            # sees the one word that holds both (the compiler loads it once)
+            q_ptrs = q_base + (kb * 16 + offs_k32 // 2)[:, None] * stride_qk + offs_n[None, :]
+        wg = tl.load(q_ptrs, mask=n_mask[None, :], other=0)
         if GATED:
             wu = tl.load(q_ptrs + up_offset, mask=n_mask[None, :], other=0)
         part_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         part_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for j in tl.static_range(8):
-            kk = kb * 128 + j * 16 + offs_k16
-            x = tl.load(a_base + kk[None, :], mask=row_mask[:, None] & (kk < K)[None, :], other=0.0)
-            cg = (((wg >> (4 * j)) & 0xF) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
-            if DOT_F32:
-                part_g = tl.dot(x.to(tl.float32), cg.to(tl.float32) - 136.0, part_g)
+        for j in tl.static_range(4):           # inputs 128kb + 32j .. +31, all in one group
+            if INTERPRETED:
+                part_g = _dot_planes_f32(a_base, row_mask, wg, kb, j, K, part_g, offs_w)
+                if GATED:
+                    part_u = _dot_planes_f32(a_base, row_mask, wu, kb, j, K, part_u, offs_w)
             else:
-                part_g = tl.dot(x, cg - 136.0, part_g)
-            if GATED:
-                cu = (((wu >> (4 * j)) & 0xF) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
-                if DOT_F32:
-                    part_u = tl.dot(x.to(tl.float32), cu.to(tl.float32) - 136.0, part_u)
-                else:
-                    part_u = tl.dot(x, cu - 136.0, part_u)
+                kk = kb * 128 + j * 32 + offs_k32
+                x = tl.load(a_base + kk[None, :], mask=row_mask[:, None] & (kk < K)[None, :], other=0.0)
+                part_g = tl.dot(x, _bf16_pairs(wg, j) - 136.0, part_g)
+                if GATED:
+                    part_u = tl.dot(x, _bf16_pairs(wu, j) - 136.0, part_u)
             if (j + 1) % SUBS_PER_GROUP == 0:
-                g = (kb * 128 + j * 16) // GROUP
+                g = (kb * 128 + j * 32) // GROUP
                 sg = tl.load(s_base + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
                 acc_g += part_g * sg[None, :]
                 part_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -99,7 +137,7 @@ def w4a16_gemm_kernel(
                                  other=0.0).to(tl.float32)
                     acc_u += part_u * su[None, :]
                     part_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        
+
     o_mask = row_mask[:, None] & n_mask[None, :]
     o_ptrs = out_ptr + pid_s.to(tl.int64) * stride_os + out_rows.to(tl.int64)[:, None] * stride_om \
         + offs_n[None, :]

@@ -7,11 +7,12 @@ Checkpoint (compressed-tensors `pack-quantized`, symmetric int4):
 Prepacked (what the Triton kernels stream), per matrix of N outputs and K inputs:
     q [Kp/8, N] int32   Kp = K rounded up to PACK_K (128); N is the contiguous axis, so a tile of
                         BLOCK_N columns is one run of 4*BLOCK_N bytes per row (16-byte loads).
-                        Inside each 128-row block b of K, word w (0..15) of that block holds in
-                        nibble j (bits [4j, 4j+4)) input k = 128*b + 16*j + w.  Shifting a
-                        [16, BLOCK_N] tile of words by 4j therefore yields the 16 consecutive
-                        inputs 128b+16j .. 128b+16j+15: one tensor-core dot of K=16 per nibble,
-                        with no interleave and no reshape in the kernel.
+                        Inside each 128-row block b of K, word w (0..15) holds in nibble J (bits
+                        [4J, 4J+4)) input k = 128*b + 32*(J % 4) + 2*w + J // 4.  So one shift by 4j
+                        and one mask 0x000F000F of a word leave inputs 128b+32j+2w and +1 in the
+                        two 16-bit halves: a packed bf16 pair, exactly the register a tensor-core
+                        B fragment wants (two consecutive k of one column), and the 16 words of a
+                        block give 32 consecutive inputs per j.
     s [Kp/g, N] bf16    the scales transposed (N contiguous); padded groups have scale 0.
 Padded inputs (K < k < Kp) hold nibble 8 (q = 0), so they add nothing.
 
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 PACK_K = 128            # rows of K per prepacked block (8 nibbles x 16 words)
-_SUB = PACK_K // 8      # consecutive inputs per nibble plane
+_WORDS = PACK_K // 8    # words per column in one 128-input block
 GROUP_SIZES = (32, 64, 128)
 _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)       # bit offset of nibble 0..7
 
@@ -75,9 +76,10 @@ def prepack_matrix(packed: torch.Tensor, scale: torch.Tensor, group: int) -> tup
         codes = unpack_checkpoint_nibbles(packed[e])                      # [N, K]
         if Kp != K:
             codes = torch.nn.functional.pad(codes, (0, Kp - K), value=8)  # q = 0 in the padding
-        # k = 128 b + 16 j + w  ->  [b, w, j, N]
-        c = codes.view(N, Kp // PACK_K, 8, _SUB).permute(1, 3, 2, 0).to(torch.int32)
-        word = torch.zeros(Kp // PACK_K, _SUB, N, dtype=torch.int32, device=packed.device)
+        # k = 128 b + 32 jj + 2 w + i  holds nibble J = jj + 4 i of word w:  [N, b, jj, w, i] -> [b, w, J, N]
+        c = codes.view(N, Kp // PACK_K, 4, _WORDS, 2).permute(1, 3, 4, 2, 0).reshape(Kp // PACK_K, _WORDS, 8, N)
+        c = c.to(torch.int32)
+        word = torch.zeros(Kp // PACK_K, _WORDS, N, dtype=torch.int32, device=packed.device)
         for j in range(8):
             word |= c[:, :, j, :] << (4 * j)
         q[e] = word.reshape(Kp // 8, N)
@@ -88,9 +90,10 @@ def prepacked_nibbles(q: torch.Tensor, k: int) -> torch.Tensor:
     """Prepacked q [E, Kp/8, N] -> stored nibbles [E, N, K] uint8 in natural column order."""
     E, Kp8, N = q.shape
     Kp = Kp8 * 8
-    w = q.view(E, Kp // PACK_K, _SUB, N)                                   # [E, b, w, N]
-    nib = (w.unsqueeze(3) >> _SHIFTS.to(q.device).view(1, 1, 1, 8, 1)) & 0xF   # [E, b, w, j, N]
-    codes = nib.permute(0, 4, 1, 3, 2).reshape(E, N, Kp)                   # k = 128b + 16j + w
+    w = q.view(E, Kp // PACK_K, _WORDS, N)                                 # [E, b, w, N]
+    nib = (w.unsqueeze(3) >> _SHIFTS.to(q.device).view(1, 1, 1, 8, 1)) & 0xF   # [E, b, w, J, N]
+    nib = nib.view(E, Kp // PACK_K, _WORDS, 2, 4, N)                       # J = jj + 4 i
+    codes = nib.permute(0, 5, 1, 4, 2, 3).reshape(E, N, Kp)                # k = 128b + 32jj + 2w + i
     return codes[:, :, :k].to(torch.uint8)
 
 
