@@ -354,8 +354,9 @@ def test_kimi_k25_is_already_int4(tmp_path):
 
     p = generate("kimi_k25", tmp_path / "k")
     cfg = json.loads((p / "config.json").read_text())
-    assert cfg["architectures"] == ["KimiK25ForConditionalGeneration"]
-    qc = QuantizationConfig.model_validate(cfg["quantization_config"])
+    assert cfg["architectures"] == ["KimiK25ForConditionalGeneration"] and cfg["model_type"] == "kimi_k25"
+    assert "quantization_config" not in cfg  # public K2.5 configs keep it in text_config
+    qc = QuantizationConfig.model_validate(cfg["text_config"]["quantization_config"])
     assert qc.format == "pack-quantized"
     (g,) = qc.config_groups.values()
     assert (g.weights.num_bits, g.weights.group_size, g.weights.symmetric) == (4, 32, True)
@@ -375,6 +376,9 @@ def test_kimi_k25_is_already_int4(tmp_path):
     assert torch.equal(q.abs().amax(dim=2), torch.full((256, 8), 7.0))  # scale = amax/7 per group
     w = (q * load(p, f"{x}.weight_scale").float().unsqueeze(2)).flatten(1)
     assert 0.015 < w.std().item() < 0.03
+    both = json.loads((generate("kimi_k25", tmp_path / "b", quant_config_in="both") / "config.json").read_text())
+    assert both["quantization_config"] == both["text_config"]["quantization_config"]
+    assert both["quantization_config"]["format"] == "pack-quantized"
 
 
 # -- full-size shapes (planned, not written: writing 10 GB is for benchmarks) --------------------

@@ -179,7 +179,8 @@ FAMILIES: dict[str, Family] = {
         "Kimi K2.5+ KimiK25ForConditionalGeneration: already INT4 (pack-quantized g32 experts under "
         "language_model.), for testing that kq refuses it",
         {k: v for k, v in KIMI_OPTIONS.items() if k not in ("fp8", "scale_dtype")} | {
-            "vision_hidden": Option(64, "hidden size of the (tiny) vision tower")},
+            "vision_hidden": Option(64, "hidden size of the (tiny) vision tower"),
+            "quant_config_in": Option("text_config", "where quantization_config goes: 'text_config' (as public K2.5 configs show), 'top' or 'both'")},
         make_kimi_k25,
     ),
 }

@@ -150,7 +150,19 @@ def build_k25(layout: Layout, o: dict) -> dict:
     layout.norm("vision_tower.encoder.blocks.0.norm0.weight", v)
     layout.dense("mm_projector.proj.0.weight", (o["hidden"], v))
     text = text_config(o)
-    return {
+    text.pop("auto_map")  # the outer config names the remote code
+    ids = special_ids(o["vocab"])
+    quant = {
+        "config_groups": {"group_0": {"input_activations": None, "output_activations": None,
+                                      "targets": ["Linear"], "weights": INT4_ARGS}},
+        "format": "pack-quantized",
+        "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*",
+                   "re:.*mlp\\.(gate|up|gate_up|down)_proj.*", "re:.*vision_tower.*", "re:.*mm_projector.*"],
+        "kv_cache_scheme": None,
+        "quant_method": "compressed-tensors",
+        "quantization_status": "compressed",
+    }
+    cfg = {
         "architectures": ["KimiK25ForConditionalGeneration"],
         "auto_map": {
             "AutoConfig": "configuration_kimi_k25.KimiK25Config",
@@ -158,23 +170,26 @@ def build_k25(layout: Layout, o: dict) -> dict:
             "AutoModelForCausalLM": "modeling_kimi_k25.KimiK25ForConditionalGeneration",
         },
         "model_type": "kimi_k25",
+        "bos_token_id": ids["[BOS]"],
+        "eos_token_id": ids["[EOS]"],
+        "pad_token_id": ids["[PAD]"],
+        "media_placeholder_token_id": ids["<|media_pad|>"],
         "text_config": text,
         "vision_config": {"model_type": "moonvit", "hidden_size": v, "patch_size": 14, "num_hidden_layers": 1},
-        "media_placeholder_token_id": special_ids(o["vocab"])["<|media_pad|>"],
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
         "transformers_version": "4.56.2",
-        "quantization_config": {
-            "config_groups": {"group_0": {"input_activations": None, "output_activations": None,
-                                          "targets": ["Linear"], "weights": INT4_ARGS}},
-            "format": "pack-quantized",
-            "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*",
-                       "re:.*mlp\\.(gate|up|gate_up|down)_proj.*", "re:.*vision_tower.*", "re:.*mm_projector.*"],
-            "kv_cache_scheme": None,
-            "quant_method": "compressed-tensors",
-            "quantization_status": "compressed",
-        },
     }
+    # Where K2.5 keeps quantization_config is not confirmed: public configs show it in
+    # text_config; "top" / "both" cover a loader that looks at the outer config.
+    where = o["quant_config_in"]
+    if where not in ("text_config", "top", "both"):
+        raise ValueError(f"quant_config_in must be 'text_config', 'top' or 'both', got {where!r}")
+    if where in ("text_config", "both"):
+        text["quantization_config"] = quant
+    if where in ("top", "both"):
+        cfg["quantization_config"] = quant
+    return cfg
 
 
 PLACEHOLDER = '''"""Placeholder written by kq.synth for a synthetic {what} checkpoint.
