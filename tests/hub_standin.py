@@ -22,9 +22,10 @@ Test hooks:
   lfs_puts                  sha256 of every LFS object whose PUT body arrived complete
   drop_after_bytes(n)       the next upload or download body is cut after n more bytes
                             (connection closed, no response): one-shot
-  hold_lfs_puts_after(n)    after n complete LFS PUTs, further PUTs wait (up to
-                            hold_timeout s, then 503) — lets a test kill the client
-                            mid-upload; `held` is set when one is waiting
+  hold_lfs_puts_after(n)    after n complete LFS PUTs, further PUTs stall (until
+                            release() or hold_timeout s) and are then cut, never stored —
+                            lets a test kill the client mid-upload; `held` is set when
+                            one is stalled
 The server stops by itself after `lifetime` seconds even if a test forgets it.
 """
 
@@ -495,7 +496,9 @@ class _Handler(BaseHTTPRequestHandler):
                 # Like the Hub, a 409 carries the url: huggingface_hub's exist_ok=True path reads it.
                 msg = "You already created this model repo"
                 return self._json({"error": msg, "url": url}, 409, {"X-Error-Message": msg})
-            self.hub.create_repo(repo_id, private=bool(body.get("private")))
+            # huggingface_hub 1.x sends "visibility"; older clients sent "private".
+            private = body.get("visibility") == "private" or bool(body.get("private"))
+            self.hub.create_repo(repo_id, private=private)
         self._json({"url": url, "name": repo_id, "id": repo_id})
 
     def _repo_api(self, method: str, ns: str, name: str, rest: str, user: str | None) -> None:
@@ -739,10 +742,11 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _HttpError(403, "bad or expired upload ticket")
             hold = hub._hold_after is not None and len(hub.lfs_puts) >= hub._hold_after
         if hold:
-            # A test wants the client stuck mid-upload (to kill it): wait, bounded.
+            # A test wants the client stuck mid-upload (to kill it): wait, bounded, then cut the
+            # connection — this transfer never completes, whatever the socket buffered.
             hub.held.set()
-            if not hub._release.wait(hub.hold_timeout):
-                raise _HttpError(503, "stand-in: held upload timed out")
+            hub._release.wait(hub.hold_timeout)
+            raise _Drop()
         digest = hashlib.sha256()
         tmp = hub.root / ".objects" / f"{oid}.{secrets.token_hex(4)}.part"
         try:
