@@ -234,6 +234,21 @@ def test_registry_has_all_families():
     assert set(FAMILIES) == set(ALL)
 
 
+@pytest.mark.parametrize("family", ALL)
+def test_listed_defaults_are_what_gets_written(family, tmp_path):
+    from kq.synth.families import build
+
+    opts = FAMILIES[family].options
+    cfg = json.loads((generate(family, tmp_path / "d") / "config.json").read_text())
+    cfg = cfg.get("text_config", cfg)
+    assert cfg["hidden_size"] == opts["hidden"].default
+    assert cfg["n_routed_experts"] == opts["n_experts"].default
+    assert cfg["num_hidden_layers"] == opts["num_layers"].default
+    # size="full" swaps the preset in, an explicit option still wins
+    names = [e.name for e in build(family, 0, {"size": "full", "n_experts": 2}).layout.entries]
+    assert not any(".experts.2." in n for n in names) and any(".experts.1." in n for n in names)
+
+
 # -- glm4_moe -------------------------------------------------------------------------------
 def test_glm4_moe_per_channel_fp8_layout(tmp_path):
     p = generate("glm4_moe", tmp_path / "g")
