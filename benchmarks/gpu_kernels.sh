@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # On the lent H200, from the repo root: the GPU kernel tests, then benchmarks/kernels.py (args passed on).
-# Logs and the JSON table land in $OUT. The SGLang peers need, carried along (both git-ignored):
+# Logs and the JSON tables land in $OUT. The SGLang peers need, carried along (both git-ignored):
 #   .whl/        sglang 0.5.23 + apache-tvm-ffi 0.1.11, orjson, pybase64, msgspec, pyzmq, dill, gguf, starlette,
 #                pydantic, pydantic-core, annotated-types, typing-inspection (Python 3.12 wheels)
 #   .gpu/stubs/  IPython stub (../shared/tools/stubs) and sgl_kernel/{__init__,scalar_type}.py (sgl_kernel 0.3.21)
+# MARLIN=1 also times SGLang's JIT Marlin MoE: its build (minutes) runs in the background meanwhile.
 set -o pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -15,7 +16,17 @@ else
   export PYTHONPATH=$PWD
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+WARM=
+if [ -n "$MARLIN" ]; then
+  python3 benchmarks/kernels.py --warm-marlin > "$OUT/marlin_warm.log" 2>&1 &
+  WARM=$!
+fi
 if [ -z "$SKIP_TESTS" ]; then
   python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py 2>&1 | tee "$OUT/pytest_gpu.log" | tail -15
 fi
-python3 benchmarks/kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v '"_sweep"' | grep -v sweep
+python3 benchmarks/kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v sweep
+if [ -n "$WARM" ]; then
+  wait "$WARM"; tail -3 "$OUT/marlin_warm.log"
+  python3 benchmarks/kernels.py --out "$OUT" "$@" --no-kq --peers marlin --skip-dense --tag _marlin 2>&1 \
+    | tee "$OUT/bench_marlin.log" | grep -v sweep
+fi

@@ -73,13 +73,18 @@ def graph_us(fns, reps: int = 15) -> float:
     return ts[len(ts) // 2]
 
 
-def copy_bandwidth_tbps() -> float:
+def bandwidth_tbps() -> tuple[float, float]:
+    """(device copy, counting reads + writes; streaming read of a reduction), TB/s."""
     x = torch.randn(1 << 30, device=DEV, dtype=torch.bfloat16)
     y = torch.empty_like(x)
-    us = graph_us([lambda: y.copy_(x)] * 4, reps=10)
+    z = torch.empty((), device=DEV, dtype=torch.float32)
+    for _ in range(20):              # let the clocks come up
+        y.copy_(x)
+    copy_us = graph_us([lambda: y.copy_(x)] * 4, reps=10)
+    read_us = graph_us([lambda: torch.sum(x, dtype=torch.float32, out=z)] * 4, reps=10)
     del x, y
     torch.cuda.empty_cache()
-    return 2 * (1 << 30) * 2 / us / 1e6
+    return 2 * (1 << 30) * 2 / copy_us / 1e6, (1 << 30) * 2 / read_us / 1e6
 
 
 # ---------------------------------------------------------------- kq weights (random, prepacked)
@@ -215,7 +220,7 @@ def sgl_marlin_stage1(e, n, k, m, topk, tis, tw, a, group):
 
 # ---------------------------------------------------------------- MoE rows
 
-def moe_case(name, e, h, i, m, topk, groups, peers, sweep, r=12):
+def moe_case(name, e, h, i, m, topk, groups, peers, sweep, r=12, kq=True):
     tis = routings(e, m, topk, r)
     touched = sum(torch.unique(t).numel() for t in tis) / r
     tw = torch.rand(m, topk, device=DEV, dtype=torch.float32)
@@ -226,7 +231,7 @@ def moe_case(name, e, h, i, m, topk, groups, peers, sweep, r=12):
     def gbps(us, bpw):
         return round(touched * n * h * bpw / us / 1e3, 1)
 
-    for group in groups:
+    for group in groups if kq else []:
         pp = random_moe(e, h, i, group)
         bpw = 0.5 + 2 / group
         sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -234,10 +239,10 @@ def moe_case(name, e, h, i, m, topk, groups, peers, sweep, r=12):
         cands = [cfg1]
         if sweep:
             kb = -(-h // PACK_K)
-            for bn, split, st in itertools.product([32, 64, 128], [1, 2, 4, 8, 16], [3, 4]):
+            for bn, split in itertools.product([32, 64, 128], [1, 2, 4, 8, 16]):
                 if kb % split == 0 and kb // split >= 2:
-                    cands.append(kops.TileConfig(cfg1.block_m, bn, split, 4, st))
-        best = None
+                    cands.append(kops.TileConfig(cfg1.block_m, bn, split, cfg1.num_warps, 3))
+        best1, heur = None, None
         for cfg in cands:
             rts = [kops.moe_align(t, e, cfg.block_m) for t in tis]
             try:
@@ -245,27 +250,48 @@ def moe_case(name, e, h, i, m, topk, groups, peers, sweep, r=12):
             except Exception as ex:
                 log({**base, "kind": f"kq_g{group}", "cfg": cfg.__dict__, "error": repr(ex)[:200]})
                 continue
+            if cfg is cfg1:
+                heur = us
             if sweep:
                 log({**base, "kind": f"kq_g{group}_sweep", "us": round(us, 2), "GBps": gbps(us, bpw),
                      "cfg": cfg.__dict__})
-            if best is None or us < best[0]:
-                best = (us, cfg)
-        if best:
-            log({**base, "kind": f"kq_g{group}", "us": round(best[0], 2), "GBps": gbps(best[0], bpw),
-                 "cfg": best[1].__dict__, "heuristic_us": None if best[1] == cfg1 else "see sweep"})
-        # whole fused MoE (routing table + both stages + combine), heuristic configs
-        full_bytes = touched * 3 * i * h * bpw
-        us = graph_us([lambda t=t: kops.fused_moe_w4a16(a, pp, tw, t) for t in tis])
-        log({**base, "kind": f"kq_full_g{group}", "us": round(us, 2),
-             "GBps": round(full_bytes / us / 1e3, 1), "cfg": [cfg1.__dict__, cfg2.__dict__]})
-        del pp
-        torch.cuda.empty_cache()
-        if "marlin" in peers:
+            if best1 is None or us < best1[0]:
+                best1 = (us, cfg)
+        log({**base, "kind": f"kq_g{group}", "us": round(best1[0], 2), "GBps": gbps(best1[0], bpw),
+             "cfg": best1[1].__dict__, "heuristic_us": heur and round(heur, 2)})
+        # stage 2 (down) alone, then the whole fused MoE with the best configs found
+        best2 = (None, cfg2)
+        rts = [kops.moe_align(t, e, cfg2.block_m) for t in tis]
+        acts = [torch.randn(m * topk, i, device=DEV, dtype=torch.bfloat16) for _ in tis]
+        cands2 = [cfg2] + ([kops.TileConfig(cfg2.block_m, bn, 1, w, st) for bn, w, st in
+                            [(64, 4, 4), (128, 4, 3), (128, 8, 3), (256, 8, 3), (32, 4, 3)]] if sweep else [])
+        for cfg in cands2:
             try:
-                us, cfg = sgl_marlin_stage1(e, n, h, m, topk, tis, tw, a, group)
-                log({**base, "kind": f"marlin_g{group}", "us": round(us, 2), "GBps": gbps(us, bpw), "cfg": cfg})
+                us = graph_us([lambda rt=rt, ac=ac, cfg=cfg: kops.moe_down(ac, pp, rt, cfg) for rt, ac in zip(rts, acts)])
             except Exception as ex:
-                log({**base, "kind": f"marlin_g{group}", "error": repr(ex)[:300]})
+                log({**base, "kind": f"kq_down_g{group}", "cfg": cfg.__dict__, "error": repr(ex)[:200]})
+                continue
+            if best2[0] is None or us < best2[0]:
+                best2 = (us, cfg)
+        log({**base, "kind": f"kq_down_g{group}", "us": round(best2[0], 2),
+             "GBps": round(touched * h * i * bpw / best2[0] / 1e3, 1), "cfg": best2[1].__dict__})
+        full_bytes = touched * 3 * i * h * bpw
+        for label, cfgs in (("", None), ("_tuned", (best1[1], best2[1]))):
+            if label and cfgs == (cfg1, cfg2):
+                continue
+            us = graph_us([lambda t=t, cfgs=cfgs: kops.fused_moe_w4a16(a, pp, tw, t, configs=cfgs) for t in tis])
+            log({**base, "kind": f"kq_full{label}_g{group}", "us": round(us, 2),
+                 "GBps": round(full_bytes / us / 1e3, 1),
+                 "cfg": [c.__dict__ for c in (cfgs or (cfg1, cfg2))]})
+        del pp, acts
+        torch.cuda.empty_cache()
+    for group in groups if "marlin" in peers else []:
+        bpw = 0.5 + 2 / group
+        try:
+            us, cfg = sgl_marlin_stage1(e, n, h, m, topk, tis, tw, a, group)
+            log({**base, "kind": f"marlin_g{group}", "us": round(us, 2), "GBps": gbps(us, bpw), "cfg": cfg})
+        except Exception as ex:
+            log({**base, "kind": f"marlin_g{group}", "error": repr(ex)[:300]})
     if "triton" in peers:
         kinds = ["bf16", "fp8"] + [f"int4_g{g}" for g in groups if g in (32, 128)]
         for kind in kinds:
@@ -283,11 +309,12 @@ def moe_case(name, e, h, i, m, topk, groups, peers, sweep, r=12):
 
 # ---------------------------------------------------------------- dense rows
 
-def dense_case(name, n, k, ms, peers, groups=(128,)):
+def dense_case(name, n, k, ms, peers, groups=(128,), kq=True, sweep=False):
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for m in ms:
         a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
         base = {"case": name, "N": n, "K": k, "M": m}
-        for group in groups:
+        for group in groups if kq else []:
             bpw = 0.5 + 2 / group
             copies = max(2, min(24, int(2e9 // (n * k * bpw))))
             ws = []
@@ -295,9 +322,23 @@ def dense_case(name, n, k, ms, peers, groups=(128,)):
                 q, s = random_prepacked(1, n, k, group)
                 ws.append(PrepackedLinear(q[0], s[0], n, k, group))
             us = graph_us([lambda w=w: kops.w4a16_linear(a, w) for w in ws])
-            cfg = kops.dense_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+            cfg = ("dequant+cublas" if m >= kops.DEQUANT_GEMM_MIN_M else kops.dense_config(m, n, k, sms).__dict__)
             log({**base, "kind": f"kq_g{group}", "us": round(us, 2), "GBps": round(n * k * bpw / us / 1e3, 1),
-                 "TFLOPs": round(2 * m * n * k / us / 1e6, 1), "cfg": cfg.__dict__})
+                 "TFLOPs": round(2 * m * n * k / us / 1e6, 1), "cfg": cfg})
+            if sweep:
+                kb = -(-k // PACK_K)
+                bms = [16] if m <= 16 else ([32, 64] if m <= 64 else [64, 128])
+                for bm, bn, split, warps in itertools.product(bms, [64, 128], [1, 2, 4, 8], [4, 8]):
+                    if kb % split or kb // split < 2 or (m > 64 and split > 1):
+                        continue
+                    tc = kops.TileConfig(bm, bn, split, warps, 3)
+                    try:
+                        us = graph_us([lambda w=w, tc=tc: kops.w4a16_linear(a, w, config=tc) for w in ws])
+                    except Exception as ex:
+                        log({**base, "kind": f"kq_g{group}_sweep", "cfg": tc.__dict__, "error": repr(ex)[:200]})
+                        continue
+                    log({**base, "kind": f"kq_g{group}_sweep", "us": round(us, 2),
+                         "GBps": round(n * k * bpw / us / 1e3, 1), "cfg": tc.__dict__})
             del ws
         if "dense" not in peers:
             continue
@@ -317,6 +358,8 @@ def dense_case(name, n, k, ms, peers, groups=(128,)):
         except Exception as ex:
             log({**base, "kind": "cublas_fp8", "error": repr(ex)[:200]})
         del wb, w8
+        if m > 512:          # tinygemm is a decode kernel: 2.6 ms at M=512 already
+            continue
         try:
             packs = []
             for _ in range(copies * 2):
@@ -350,6 +393,9 @@ def main():
     ap.add_argument("--dense-m", default="1,16,64,512,4096")
     ap.add_argument("--sweep", action="store_true", help="also try a grid of kq tile configs (stage 1)")
     ap.add_argument("--skip-dense", action="store_true")
+    ap.add_argument("--no-kq", action="store_true", help="peers only")
+    ap.add_argument("--warm-marlin", action="store_true")
+    ap.add_argument("--tag", default="")
     args = ap.parse_args()
     peers = set(p for p in args.peers.split(",") if p)
     groups = [int(g) for g in args.groups.split(",")]
@@ -363,13 +409,20 @@ def main():
                                        capture_output=True, text=True).stdout.strip()
     except OSError:
         env["driver"] = "?"
-    env["copy_TBps_rw"] = round(copy_bandwidth_tbps(), 3)
+    if args.warm_marlin:            # compile SGLang's JIT Marlin kernels (minutes) and exit
+        tis = routings(8, 1, 2, 1)
+        sgl_marlin_stage1(8, 512, 1024, 1, 2, tis, torch.rand(1, 2, device=DEV),
+                          torch.randn(1, 1024, device=DEV, dtype=torch.bfloat16), 128)
+        print("marlin warm", flush=True)
+        return
+    cp, rd = bandwidth_tbps()
+    env["copy_TBps_rw"], env["read_TBps"] = round(cp, 3), round(rd, 3)
     print(json.dumps(env), flush=True)
     for m in [int(t) for t in args.tokens.split(",")]:
         for name in args.moe.split(","):
             e, h, i = MOE_SHAPES[name]
             try:
-                moe_case(name, e, h, i, m, 8, groups, peers, args.sweep)
+                moe_case(name, e, h, i, m, 8, groups, peers, args.sweep, kq=not args.no_kq)
             except Exception as ex:
                 traceback.print_exc()
                 log({"case": name, "M": m, "error": repr(ex)[:300]})
@@ -378,18 +431,18 @@ def main():
         for name, n, k, ms in [("dense_12288x6144", 12288, 6144, dm), ("kimi_gate_up_4096x7168", 4096, 7168, [1, 8, 32]),
                                ("kimi_down_7168x2048", 7168, 2048, [1])]:
             try:
-                dense_case(name, n, k, ms, peers)
+                dense_case(name, n, k, ms, peers, kq=not args.no_kq, sweep=args.sweep)
             except Exception as ex:
                 traceback.print_exc()
                 log({"case": name, "error": repr(ex)[:300]})
-    with open(os.path.join(args.out, "kernels_bench.json"), "w") as f:
+    with open(os.path.join(args.out, f"kernels_bench{args.tag}.json"), "w") as f:
         json.dump({"env": env, "rows": ROWS}, f, indent=1)
     print_table(env)
 
 
 def print_table(env):
     print(f"\n{env['gpu']} driver {env['driver']} torch {env['torch']} triton {env['triton']} {env['date']} "
-          f"copy {env['copy_TBps_rw']} TB/s")
+          f"copy {env.get('copy_TBps_rw')} TB/s read {env.get('read_TBps')} TB/s")
     for r in ROWS:
         if "sweep" in r.get("kind", "") or "us" not in r:
             continue

@@ -45,7 +45,7 @@ def _poisoned_out(monkeypatch):
 
 DENSE_CASES = [(m, n, k, g) for g in (32, 64, 128)
                for (m, n, k) in [(1, 4096, 7168), (3, 200, 384), (17, 1000, 2048), (64, 7168, 2048),
-                                 (129, 768, 1536), (1, 96, 192 if g != 128 else 256)]]
+                                 (129, 768, 1536), (300, 520, 1024), (1, 96, 192 if g != 128 else 256)]]
 
 
 @pytest.mark.parametrize("m,n,k,group", DENSE_CASES)

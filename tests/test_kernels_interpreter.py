@@ -49,6 +49,19 @@ def test_dense_kernel_matches_reference(m, n, k, group, cfg):
     assert _rel(got, want) < 8e-3
 
 
+def test_dense_dequantize_then_matmul_path_matches_reference():
+    gen = torch.Generator().manual_seed(3)
+    p, s = _weights(1, 40, 192, 64, gen)
+    w = prepack_linear(p[0], s[0], 64)
+    x = torch.randn(6, 192, generator=gen).to(torch.bfloat16)
+    wt = ops.dequantize(w).float().t()
+    want = reference.dequantize_prepacked(w.q[None], w.s[None], 192, 64)[0]
+    # within one bf16 step (the interpreter truncates float->bf16 where the GPU rounds)
+    assert torch.allclose(wt, want, rtol=2 ** -7, atol=0)
+    got = ops.w4a16_linear(x, w, dequant_min_m=1)
+    assert _rel(got, reference.w4a16_linear(x, w)) < 8e-3
+
+
 def _check_routing(ids, emap, e, block_m):
     pairs, blk_e, blk_s, blk_c = ops.moe_align(ids, e, block_m, emap)
     local = reference.local_expert_ids(ids, emap).flatten()

@@ -170,3 +170,23 @@ def splitk_reduce_kernel(part_ptr, stride_ps, stride_pm, out_ptr, stride_om, R, 
     if GATED:
         g = g * tl.sigmoid(g) * u
     tl.store(out_ptr + r.to(tl.int64) * stride_om + offs, g.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def dequant_kernel(q_ptr, stride_qk, s_ptr, stride_sg, w_ptr, stride_wk, N, K,
+                   GROUP: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Prepacked int4 -> bf16 W^T [K, N] (one 128-input block per program row): for large M,
+    where one dequantisation pass plus a cuBLAS GEMM beats dequantising inside every tile."""
+    kb = tl.program_id(1)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_w = tl.arange(0, 16)
+    w = tl.load(q_ptr + (kb * 16 + offs_w)[:, None] * stride_qk + offs_n[None, :], mask=n_mask[None, :], other=0)
+    for j in tl.static_range(4):
+        g = (kb * 128 + j * 32) // GROUP
+        s = tl.load(s_ptr + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        for i in tl.static_range(2):
+            kk = kb * 128 + j * 32 + i + 2 * offs_w                  # nibble j + 4i of word w
+            c = ((w >> (4 * (j + 4 * i))) & 0xF).to(tl.float32) - 8.0
+            tl.store(w_ptr + kk[:, None].to(tl.int64) * stride_wk + offs_n[None, :],
+                     (c * s[None, :]).to(tl.bfloat16), mask=(kk < K)[:, None] & n_mask[None, :])

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from .gemm_kernel import splitk_reduce_kernel, w4a16_gemm_kernel
+from .gemm_kernel import dequant_kernel, splitk_reduce_kernel, w4a16_gemm_kernel
 from .layout import PACK_K, PrepackedLinear, PrepackedMoE
 from .moe_combine import combine_topk_kernel
 from .moe_routing import max_blocks, moe_align_kernel
@@ -43,13 +43,22 @@ def _split_for(programs: int, kblocks: int, sms: int) -> int:
     return split
 
 
+# Above this many rows a dense W4A16 linear dequantises the weight to bf16 once and calls
+# cuBLAS: the GEMM is compute-bound there, and cuBLAS's wgmma pipeline beats dequantising
+# inside every tile (the extra pass costs about 2.5 bytes per weight of HBM traffic).
+DEQUANT_GEMM_MIN_M = 256
+
+
 def dense_config(m: int, n: int, k: int, sms: int) -> TileConfig:
     if m <= 16:
         bm, bn = 16, 64
-    elif m <= 64:
-        bm, bn = 64, 64
+    elif m <= 32:
+        bm, bn = 32, 64
     else:
-        return TileConfig(128, 128, 1, num_warps=8, num_stages=3)
+        bm, bn = 64, 64
+    if bm > 16:
+        kblocks = -(-k // PACK_K)
+        return TileConfig(bm, bn, _split_for(triton.cdiv(m, bm) * triton.cdiv(n, bn), kblocks, sms), num_warps=8)
     kblocks = -(-k // PACK_K)
     return TileConfig(bm, bn, _split_for(triton.cdiv(m, bm) * triton.cdiv(n, bn), kblocks, sms))
 
@@ -60,7 +69,8 @@ def moe_configs(pairs: int, e: int, h: int, i: int, sms: int) -> tuple[TileConfi
     bn1 = 64
     blocks = max_blocks(pairs, e, bm)
     split1 = _split_for(blocks * triton.cdiv(i, bn1), -(-h // PACK_K), sms) if bm == 16 else 1
-    return TileConfig(bm, bn1, split1), TileConfig(bm, 128 if bm == 64 else 64, 1)
+    warps = 4 if bm == 16 else 8
+    return TileConfig(bm, bn1, split1, warps), TileConfig(bm, 128 if bm == 64 else 64, 1, warps)
 
 
 def _launch_gemm(a, q, s, out, k, n, group, cfg: TileConfig, *, rows=0, routing=None, a_row_div=1,
@@ -95,11 +105,24 @@ def _reduce(part, out, rows, n, gated):
         SPLIT_K=part.shape[0], GATED=gated, BLOCK=block)
 
 
-def w4a16_linear(x: torch.Tensor, w: PrepackedLinear, *, config: TileConfig | None = None) -> torch.Tensor:
+def dequantize(w: PrepackedLinear) -> torch.Tensor:
+    """W^T as bf16 [K, N] (N contiguous)."""
+    k, n = w.in_features, w.out_features
+    wt = torch.empty(k, n, dtype=torch.bfloat16, device=w.q.device)
+    block_n = 128
+    dequant_kernel[(triton.cdiv(n, block_n), -(-k // PACK_K))](
+        w.q, w.q.stride(0), w.s, w.s.stride(0), wt, wt.stride(0), n, k, GROUP=w.group, BLOCK_N=block_n)
+    return wt
+
+
+def w4a16_linear(x: torch.Tensor, w: PrepackedLinear, *, config: TileConfig | None = None,
+                 dequant_min_m: int = DEQUANT_GEMM_MIN_M) -> torch.Tensor:
     """x [..., K] bf16 -> [..., N] bf16 on CUDA."""
     k, n = w.in_features, w.out_features
     x2 = x.reshape(-1, k).contiguous()
     m = x2.shape[0]
+    if config is None and m >= dequant_min_m:
+        return (x2 @ dequantize(w)).reshape(*x.shape[:-1], n)
     cfg = config or dense_config(m, n, k, _num_sms(x.device))
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if cfg.split_k == 1:
