@@ -44,7 +44,7 @@ def quantize(
     import torch
 
     from kq.quantize.plan import make_plan
-    from kq.quantize.run import Options, run_quantize
+    from kq.quantize.run import Options, preflight, run_quantize
 
     require(to == "int4", f"--to {to}: only int4 is supported")
     require(method in ("rtn", "gptq"), f"--method {method}: use rtn or gptq")
@@ -65,6 +65,12 @@ def quantize(
     if method == "gptq":
         from kq.quantize.layerwise import gptq_expert_codes
         codes = gptq_expert_codes(source, plan, out, calib=calib, samples=calib_samples, seqlen=calib_seqlen, device=dev)
+    if preflight(source, plan, out, opts) == "done":
+        if as_json:
+            typer.echo(json.dumps({"status": "already complete", "out": str(out)}))
+        else:
+            stderr.print(f"{out}: already complete (same source and options); nothing to do")
+        return
     if not as_json:
         stderr.print(f"[bold]{source.name}[/] ({plan.recipe.title}) -> {out}: {plan.classes.get('routed expert -> int4', {}).get('tensors', 0)} "
                      f"expert weights to INT4 g{plan.group_size} ({method}{'/' + clip if method == 'rtn' else ''}) on {dev.type}, "
@@ -73,8 +79,6 @@ def quantize(
         summary = run_quantize(source, plan, out, opts, device=dev, progress=prog, expert_codes=codes)
     if as_json:
         typer.echo(json.dumps(summary))
-    elif summary["status"] == "already complete":
-        stderr.print(f"{out}: already complete (same source and options); nothing to do")
     else:
         stderr.print(f"done in {summary['seconds']:.1f} s: {out} ({human_bytes(summary['output_bytes'])}); "
                      f"check it with `kq verify {out}`")

@@ -23,7 +23,6 @@ from typing import Callable, Protocol
 import torch
 
 from kq import __version__
-from kq.checkpoint.ct_config import build_quantization_config
 from kq.checkpoint.manifest import MANIFEST_NAME, WORK_DIR, read_manifest, write_json_atomic
 from kq.checkpoint.safetensors_io import StreamingShardWriter, read_header
 from kq.checkpoint.source import Source
@@ -93,7 +92,31 @@ def check_disk(out: Path, need: int) -> None:
         probe = probe.parent
     free = shutil.disk_usage(probe).free
     if free < need:
-        raise KqError(f"not enough disk at {probe}: the run needs {need / 1e9:.2f} GB more, {free / 1e9:.2f} GB free")
+        raise KqError(f"not enough disk at {probe}: the run needs {_gb(need)} more, {_gb(free)} free")
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.2f} MB"
+
+
+def _load_state(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {"shards": {}}  # killed before the first shard was recorded
+
+
+def preflight(source: Source, plan: Plan, out: Path, opts: Options) -> str:
+    """Every check about the output folder and the disk, before anything is written:
+    returns 'new', 'resume' or 'done'."""
+    kind = check_output(out, opts.fingerprint(source))
+    if kind == "done":
+        return kind
+    state = _load_state(out / WORK_DIR / "state.json") if kind == "resume" else {"shards": {}}
+    remaining = sum(s.nbytes for s in plan.shards if s.name not in state["shards"])
+    staging = 2 * max(source.shard_bytes(s) for s in source.index.shards) if getattr(source, "remote", False) else 0
+    check_disk(out, remaining + staging + sum(source.extra_files.values()))
+    return kind
 
 
 def default_device() -> torch.device:
@@ -107,15 +130,12 @@ def run_quantize(source: Source, plan: Plan, out: Path, opts: Options, *,
     out = Path(out)
     device = device or default_device()
     fp = opts.fingerprint(source)
-    state_kind = check_output(out, fp)
+    state_kind = preflight(source, plan, out, opts)
     if state_kind == "done":
         return {"status": "already complete", "out": str(out), **(read_manifest(out) or {}).get("sizes", {})}
     work = out / WORK_DIR
     state_path = work / "state.json"
-    state = json.loads(state_path.read_text()) if state_kind == "resume" and state_path.exists() else {"shards": {}}
-    remaining = sum(s.nbytes for s in plan.shards if s.name not in state["shards"])
-    staging = 2 * max(source.shard_bytes(s) for s in source.index.shards) if getattr(source, "remote", False) else 0
-    check_disk(out, remaining + staging + sum(source.extra_files.values()))
+    state = _load_state(state_path) if state_kind == "resume" else {"shards": {}}
     work.mkdir(parents=True, exist_ok=True)
     write_json_atomic(work / "run.json", {"fingerprint": fp, "kq_version": __version__, "source": source.name})
 
@@ -211,6 +231,7 @@ def finish(source: Source, plan: Plan, out: Path, opts: Options, fp: str, state:
     """Index, config, copied files, then the manifest (last: it marks the folder finished)."""
     weight_map = {t.name: sp.name for sp in plan.shards for t in sp.tensors}
     write_json_atomic(out / INDEX_NAME, {"metadata": {"total_size": plan.output_bytes}, "weight_map": weight_map})
+    from kq.checkpoint.ct_config import build_quantization_config  # imports transformers: only when needed
     config = dict(source.config)
     kept = {t.name: t for sp in plan.shards for t in sp.tensors if t.action == "copy"}
     bf16_linears = sorted(n[: -len(".weight")] for n, t in kept.items()
