@@ -230,6 +230,17 @@ def test_family_generates_complete_deterministic_folder(family, tmp_path):
     assert not [p for p in a.parent.iterdir() if "synth-tmp" in p.name]  # no temp left behind
 
 
+@pytest.mark.parametrize("family", ALL)
+def test_streamed_shards_equal_safetensors_own_writer(family, tmp_path):
+    """The streaming writer lays out bytes exactly as safetensors.torch.save_file does."""
+    from safetensors.torch import load_file, save_file
+
+    p = generate(family, tmp_path / "s", split_scale=True)
+    for f in sorted(p.glob("*.safetensors")):
+        save_file(load_file(f), tmp_path / "re.safetensors", metadata={"format": "pt"})
+        assert (tmp_path / "re.safetensors").read_bytes() == f.read_bytes(), f.name
+
+
 def test_registry_has_all_families():
     assert set(FAMILIES) == set(ALL)
 
