@@ -4,7 +4,7 @@ The header is computed from shapes alone, so a shard is written piece by piece a
 offsets without ever holding more than one row block (plus small cached tensors) in
 memory. File layout matches `safetensors.torch.save_file` and the real checkpoints:
 `{"__metadata__":{"format":"pt"}, ...}` first, tensors ordered by dtype size (largest
-first, so every tensor stays aligned) then name, header padded with spaces to 8 bytes.
+first, so every tensor stays aligned; ties in safetensors' dtype order) then name, header padded with spaces to 8 bytes.
 """
 
 from __future__ import annotations
@@ -19,12 +19,15 @@ import torch
 
 from .layout import DTYPES, Entry, Layout
 
-SMALL_CACHE_BYTES = 1 << 20  # a tensor bound for a later shard is kept up to this size, else regenerated
+SMALL_CACHE_BYTES = 1 << 20
+# safetensors sorts tensors by its Dtype enum, largest first, then by name; this is that
+# enum's order for the dtypes written here (so the bytes match save_file's exactly).
+DTYPE_ORDER = ["F8_E4M3", "F16", "BF16", "I32", "F32", "I64"]  # a tensor bound for a later shard is kept up to this size, else regenerated
 
 
 def header_for(entries: list[Entry]) -> tuple[bytes, dict[str, int]]:
     """-> (8-byte length + padded JSON header, {name: absolute file offset of its data})."""
-    ordered = sorted(entries, key=lambda e: (-DTYPES[e.dtype].itemsize, e.name))
+    ordered = sorted(entries, key=lambda e: (-DTYPE_ORDER.index(e.dtype), e.name))
     head: dict[str, object] = {"__metadata__": {"format": "pt"}}
     rel, pos = {}, 0
     for e in ordered:
