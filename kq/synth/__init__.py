@@ -4,9 +4,19 @@ each supported family, at small sizes (or full-size layers for benchmarks).
     from kq.synth import generate, FAMILIES
     path = generate("glm5", tmp_path / "ckpt", seed=0, num_layers=4, split_scale=True)
 
+Families (FAMILIES lists each one's options, defaults and one-line help):
+  glm5      GLM-5.x block FP8 (weight_scale_inv), MLA + DSA indexer with GLM-5.2 sharing, MTP
+  glm4_moe  GLM-4.5/4.6/4.7 compressed-tensors per-channel FP8, GQA with q/k/v bias, MTP
+  kimi_k2   Kimi K2 block FP8, no modules_to_not_convert, model-1-of-N shards, tiktoken.model,
+            auto_map remote-code placeholders (they raise if ever executed)
+  kimi_k25  Kimi K2.5+ already INT4 (pack-quantized g32) under language_model.: for refusals
+Odd cases, as options: split_scale, prefix="language_model.", dims not divisible by 128
+(hidden=200, ...), fp8="channel", mtp, shard_names="unpadded", single_file, real_ratio.
+
 Values are N(0, 0.02)-like weights stored the way the real checkpoint stores them (block
 FP8 with amax/448 block scales, per-channel FP8, BF16, or pre-packed INT4), drawn per
-tensor from a seeded torch.Generator: the same seed and options give the same bytes.
+128-row block from a torch.Generator seeded by (seed, tensor name): the same seed and
+options give the same bytes, whatever the shard layout or worker count.
 """
 
 from __future__ import annotations

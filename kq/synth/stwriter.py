@@ -2,9 +2,10 @@
 
 The header is computed from shapes alone, so a shard is written piece by piece at known
 offsets without ever holding more than one row block (plus small cached tensors) in
-memory. File layout matches `safetensors.torch.save_file` and the real checkpoints:
-`{"__metadata__":{"format":"pt"}, ...}` first, tensors ordered by dtype size (largest
-first, so every tensor stays aligned; ties in safetensors' dtype order) then name, header padded with spaces to 8 bytes.
+memory. The bytes equal what `safetensors.torch.save_file` writes for the same tensors
+(and what the real checkpoints show): `{"__metadata__":{"format":"pt"}, ...}` first,
+tensors in safetensors' dtype order, largest first (so every tensor stays aligned), then
+by name; header padded with spaces to a multiple of 8.
 """
 
 from __future__ import annotations
