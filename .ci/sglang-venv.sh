@@ -13,6 +13,7 @@
 # changed list gives a new folder. Reuse costs a few seconds (re-pointing the editable
 # kq install at the calling checkout when it moved).
 #
+#   --path           print where the venv is (or would be) and exit: builds nothing
 #   KQ_SGLANG_VENV   use this folder instead of the hashed cache path
 #   KQ_SGLANG_PYTHON interpreter to build the venv from (default python3; cp311 wheels
 #                    of torch 2.14.1 / torchvision 0.29.1 lie on this machine's disk)
@@ -56,6 +57,10 @@ NODEPS='sglang==0.5.23'
 PYVER=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 HASH=$(printf '%s\n%s\n%s\n' "$REQS" "$NODEPS" "$PYVER" | sha256sum | cut -c1-12)
 VENV=${KQ_SGLANG_VENV:-$HOME/.cache/kq/sglang-venv-$HASH}
+if [ "${1:-}" = "--path" ]; then
+  echo "$VENV"
+  exit 0
+fi
 mkdir -p "$(dirname "$VENV")"
 
 # One builder at a time (parallel test runs, CI beside a developer).
@@ -80,8 +85,8 @@ if [ ! -f "$VENV/.kq-ready" ]; then
 fi
 
 # kq itself: editable, pointing at the calling checkout. Reinstall only when the venv
-# points elsewhere (another clone) — pip would otherwise take ~10 s on every call.
-current=$("$VENV/bin/python" - <<'PYEOF'
+# points elsewhere (another clone). -I: the calling folder may hold a stale kq.egg-info.
+current=$("$VENV/bin/python" -I - <<'PYEOF'
 import json
 from importlib import metadata
 try:
