@@ -132,6 +132,7 @@ class HubStandin:
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._timer: threading.Timer | None = None
+        self._conns: set[socket.socket] = set()
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -141,7 +142,7 @@ class HubStandin:
         class Handler(_Handler):
             hub = standin
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
         self._thread.start()
@@ -159,6 +160,14 @@ class HubStandin:
             server, self._server = self._server, None
             server.shutdown()
             server.server_close()
+        # Keep-alive connections outlive the listening socket: cut them too.
+        with self.lock:
+            conns, self._conns = list(self._conns), set()
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def __enter__(self) -> "HubStandin":
         return self.start()
@@ -296,6 +305,15 @@ class HubStandin:
 # ---- HTTP ----------------------------------------------------------------------------
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        # A client that was killed or cut mid-request is what the hooks are for: not an error.
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (ConnectionError, OSError)):
+            super().handle_error(request, client_address)
+
+
 class _HttpError(Exception):
     def __init__(self, status: int, message: str, code: str | None = None):
         super().__init__(message)
@@ -313,6 +331,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args) -> None:  # keep test output clean
         pass
+
+    def setup(self) -> None:
+        super().setup()
+        with self.hub.lock:
+            self.hub._conns.add(self.connection)
+
+    def finish(self) -> None:
+        with self.hub.lock:
+            self.hub._conns.discard(self.connection)
+        super().finish()
 
     # Every method goes through one dispatcher; errors become Hub-style responses.
     def do_GET(self):

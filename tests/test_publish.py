@@ -207,3 +207,11 @@ def test_user_card_is_kept_unless_overwrite(hub, out):
     assert r.returncode == 0, r.stderr
     assert "base_model_relation: quantized" in (hub.repo_dir("alice/GLM-INT4") / "README.md").read_text()
     assert_landed(hub, "alice/GLM-INT4", out)
+
+
+def test_connection_cut_mid_shard_is_retried_and_lands_intact(hub, out):
+    hub.drop_after_bytes(200_000)  # the first upload body dies part-way
+    r = kq(hub, "publish", out, "alice/GLM-INT4", "--workers", 1)
+    assert r.returncode == 0, r.stderr
+    assert_landed(hub, "alice/GLM-INT4", out)
+    assert hub.count("PUT") == 4 and len(hub.lfs_puts) == len(set(hub.lfs_puts)) == 3

@@ -238,6 +238,8 @@ def publish(out_dir: Path, repo_id: str, *, revision: str | None = None, private
         echo(f"card: {plan.card_action} -> {out_dir / CARD_NAME}")
     created = _ensure_repo(api, plan, user)
     echo(f"repo: {'created' if created else 'using existing'} {repo_id}" + (f" @ {revision}" if revision else ""))
+    if private and not created:
+        echo("note: --private only applies to a new repo; the existing repo keeps its visibility")
     _write_state(out_dir, {"repo_id": repo_id, "revision": revision})
     echo(f"uploading {len(plan.files)} files, {plan.total_bytes:,} bytes")
     _upload(api, plan, num_workers)
