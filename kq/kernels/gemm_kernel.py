@@ -42,13 +42,17 @@ def _bf16_pairs(w, J: tl.constexpr):
 
 
 @triton.jit
-def _dot_planes_f32(a_base, row_mask, w, kb, j: tl.constexpr, K, acc, offs_w):
-    """Interpreter path, same maths in plain ops: nibble j+4i of word w is input 128kb+32j+2w+i."""
+def _dot_planes(a_base, row_mask, w, kb, j: tl.constexpr, K, acc, offs_w, F32: tl.constexpr):
+    """Plain-ops path, one nibble plane at a time: nibble j+4i of word w is input 128kb+32j+2w+i."""
     for i in tl.static_range(2):
         kk = kb * 128 + j * 32 + i + 2 * offs_w
         x = tl.load(a_base + kk[None, :], mask=row_mask[:, None] & (kk < K)[None, :], other=0.0)
-        c = ((w >> (4 * (j + 4 * i))) & 0xF).to(tl.float32) - 8.0
-        acc = tl.dot(x.to(tl.float32), c, acc)
+        if F32:
+            c = ((w >> (4 * (j + 4 * i))) & 0xF).to(tl.float32) - 8.0
+            acc = tl.dot(x.to(tl.float32), c, acc)
+        else:
+            c = (((w >> (4 * (j + 4 * i))) & 0xF) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
+            acc = tl.dot(x, c - 136.0, acc)
     return acc
 
 
@@ -66,7 +70,10 @@ def w4a16_gemm_kernel(
     GATED: tl.constexpr,                    # w13: columns n (gate) and up_offset + n (up)
     SPLIT_K: tl.constexpr,                  # > 1: write fp32 partial sums, a reduce kernel finishes
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    INTERPRETED: tl.constexpr = False,      # Triton's CPU interpreter: no inline PTX, no bf16 dots
+    DEQ: tl.constexpr = 2,                  # 2: inline-PTX pairs (mma.sync tiles, BLOCK_M < 64);
+                                            # 1: plain bf16 ops (BLOCK_M >= 64, where Triton uses wgmma
+                                            #    and the operand's register pairs run along N, not K);
+                                            # 0: fp32 (Triton's CPU interpreter: no PTX, no bf16 dots)
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -105,7 +112,7 @@ def w4a16_gemm_kernel(
     kb_lo = pid_s * kblocks_per_split          # the host makes SPLIT_K divide the K blocks
     for kb_i in range(0, kblocks_per_split):
         kb = kb_lo + kb_i
-        if INTERPRETED:
+        if DEQ < 2:
             q_ptrs = q_base + (kb * 16 + offs_w)[:, None] * stride_qk + offs_n[None, :]     # [16, BN]
         else:
             # [32, BN]: row r is word r // 2, so each thread's (k, k+1) pair of the B fragment
@@ -117,10 +124,10 @@ def w4a16_gemm_kernel(
         part_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         part_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for j in tl.static_range(4):           # inputs 128kb + 32j .. +31, all in one group
-            if INTERPRETED:
-                part_g = _dot_planes_f32(a_base, row_mask, wg, kb, j, K, part_g, offs_w)
+            if DEQ < 2:
+                part_g = _dot_planes(a_base, row_mask, wg, kb, j, K, part_g, offs_w, DEQ == 0)
                 if GATED:
-                    part_u = _dot_planes_f32(a_base, row_mask, wu, kb, j, K, part_u, offs_w)
+                    part_u = _dot_planes(a_base, row_mask, wu, kb, j, K, part_u, offs_w, DEQ == 0)
             else:
                 kk = kb * 128 + j * 32 + offs_k32
                 x = tl.load(a_base + kk[None, :], mask=row_mask[:, None] & (kk < K)[None, :], other=0.0)

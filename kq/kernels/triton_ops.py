@@ -94,7 +94,8 @@ def _launch_gemm(a, q, s, out, k, n, group, cfg: TileConfig, *, rows=0, routing=
         pairs, blk_e, blk_s, blk_c,
         rows, n, k, up_offset, per_split,
         A_ROW_DIV=a_row_div, GROUP=group, DENSE=routing is None, GATED=gated,
-        SPLIT_K=cfg.split_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, INTERPRETED=_INTERPRETED,
+        SPLIT_K=cfg.split_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        DEQ=0 if _INTERPRETED else (2 if cfg.block_m < 64 else 1),   # see w4a16_gemm_kernel
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
