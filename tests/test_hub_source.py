@@ -164,3 +164,14 @@ def test_cut_download_resumes_with_range_and_ends_identical(hub, src, tmp_path):
     assert (stage / name).read_bytes() == (src / name).read_bytes()
     assert hub.count("GET", f"/resolve/") == 2  # the cut one and the resumed one
     assert [rng for p, rng in hub.range_requests if p.endswith(name)] == [f"bytes={10 * 1024 * 1024}-"]
+
+
+def test_private_repo_is_read_with_the_owners_token(hub, src, tmp_path):
+    hub.add_repo_from_folder("alice/Private-FP8", src, private=True)
+    stage = tmp_path / "stage"
+    body = f"str(hub.fetch_file('alice/Private-FP8', 'config.json', dest_dir=Path({str(stage)!r})))"
+    r = call(hub.client_env(token=TOKEN, home=tmp_path / "home"), body)
+    assert r.returncode == 0, r.stderr
+    assert (stage / "config.json").read_bytes() == (src / "config.json").read_bytes()
+    r = call(hub.client_env(home=tmp_path / "home2"), body)  # anonymous: not visible
+    assert r.returncode == 2 and "repo alice/Private-FP8 not found" in r.stderr

@@ -215,3 +215,21 @@ def test_connection_cut_mid_shard_is_retried_and_lands_intact(hub, out):
     assert r.returncode == 0, r.stderr
     assert_landed(hub, "alice/GLM-INT4", out)
     assert hub.count("PUT") == 4 and len(hub.lfs_puts) == len(set(hub.lfs_puts)) == 3
+
+
+def test_republish_same_checkpoint_from_a_fresh_copy_sends_nothing(hub, out, tmp_path):
+    r = kq(hub, "publish", out, "alice/GLM-INT4", "--workers", 1)
+    assert r.returncode == 0, r.stderr
+    commits, puts = hub.commit_count("alice/GLM-INT4"), hub.count("PUT")
+    copy = shutil.copytree(out, tmp_path / "copy", ignore=shutil.ignore_patterns(".cache"))
+    r = kq(hub, "publish", copy, "alice/GLM-INT4", "--workers", 1)  # no local resume state at all
+    assert r.returncode == 0, r.stderr
+    assert hub.count("PUT") == puts and hub.commit_count("alice/GLM-INT4") == commits
+    assert_landed(hub, "alice/GLM-INT4", copy)
+
+
+def test_publishing_to_a_second_repo_sends_everything_there(hub, out):
+    assert kq(hub, "publish", out, "alice/First", "--workers", 1).returncode == 0
+    r = kq(hub, "publish", out, "alice/Second", "--workers", 1)
+    assert r.returncode == 0, r.stderr
+    assert_landed(hub, "alice/Second", out)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import sys
 import warnings
 from dataclasses import dataclass
@@ -240,7 +241,12 @@ def publish(out_dir: Path, repo_id: str, *, revision: str | None = None, private
     echo(f"repo: {'created' if created else 'using existing'} {repo_id}" + (f" @ {revision}" if revision else ""))
     if private and not created:
         echo("note: --private only applies to a new repo; the existing repo keeps its visibility")
-    _write_state(out_dir, {"repo_id": repo_id, "revision": revision})
+    target = {"repo_id": repo_id, "revision": revision}
+    if _read_state(out_dir) != target:
+        # huggingface_hub's per-file upload state does not record the target repo: state left by
+        # an upload to another repo/branch would make it skip files this target never got.
+        shutil.rmtree(out_dir / ".cache" / "huggingface" / "upload", ignore_errors=True)
+    _write_state(out_dir, target)
     echo(f"uploading {len(plan.files)} files, {plan.total_bytes:,} bytes")
     _upload(api, plan, num_workers)
     extra = _check_remote(api, plan)
