@@ -16,6 +16,8 @@ import hashlib
 import json
 import shutil
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
@@ -24,13 +26,14 @@ import torch
 
 from kq import __version__
 from kq.checkpoint.manifest import MANIFEST_NAME, WORK_DIR, read_manifest, write_json_atomic
-from kq.checkpoint.safetensors_io import StreamingShardWriter, read_header
+from kq.checkpoint.safetensors_io import TORCH_DTYPE, StreamingShardWriter, read_header
 from kq.checkpoint.source import Source
 from kq.errors import KqError
 from kq.quantize.experts import rtn_parts
 from kq.quantize.plan import FP8, Plan
 
 INDEX_NAME = "model.safetensors.index.json"
+PREFETCH = 4  # expert tensors read ahead of the quantizer (and written behind it)
 
 
 class Progress(Protocol):
@@ -160,8 +163,7 @@ def run_quantize(source: Source, plan: Plan, out: Path, opts: Options, *,
         paths = {n: source.shard_path(n) for n in sp.needs}
         for n, p in paths.items():
             read_header(p)  # a Hub download could be truncated: check before writing anything
-        _write_shard(source, sp, out / sp.name, paths, expert_codes, progress)
-        sha, size = _hash_recorded(out / sp.name)
+        sha, size = _write_shard(source, sp, out / sp.name, paths, expert_codes, progress, device)
         state["shards"][sp.name] = {"sha256": sha, "size": size}
         write_json_atomic(state_path, state)
         if progress:
@@ -181,50 +183,79 @@ def _shard_done(out: Path, name: str, state: dict) -> bool:
     return rec is not None and p.exists() and p.stat().st_size == rec["size"]
 
 
-_last_hash: dict[Path, tuple[str, int]] = {}
-
-
-def _hash_recorded(path: Path) -> tuple[str, int]:
-    return _last_hash.pop(path)
-
-
-def _write_shard(source: Source, sp, final: Path, paths: dict, expert_codes: ExpertCodes, progress) -> None:
-    from safetensors import safe_open
-    handles = {n: safe_open(str(p), framework="pt") for n, p in paths.items()}
+def _write_shard(source: Source, sp, final: Path, paths: dict, expert_codes: ExpertCodes, progress,
+                 device: torch.device) -> tuple[str, int]:
+    """One output shard, pipelined: reader threads fetch the next expert tensors from the
+    source files (plain file reads, which release the GIL, into pinned memory when a GPU
+    is used), the calling thread quantizes, and one writer thread appends tensors to the
+    shard in order. At most PREFETCH experts are in flight either way, so memory stays
+    bounded by a few expert tensors."""
     wm = source.index.weight_map
+    pin = device.type == "cuda"
 
-    def raw(name):
-        return handles[wm[name]].get_tensor(name)
+    def load(name: str) -> torch.Tensor:
+        e = source.headers[wm[name]][name]
+        buf = torch.empty(e.nbytes, dtype=torch.uint8, pin_memory=pin)
+        view = memoryview(buf.numpy())
+        with open(paths[wm[name]], "rb", buffering=0) as f:
+            f.seek(e.start)
+            got = 0
+            while got < e.nbytes:
+                n = f.readinto(view[got:])
+                if not n:
+                    raise KqError(f"{wm[name]}: ended early while reading {name}")
+                got += n
+        return buf.view(TORCH_DTYPE[e.dtype]).reshape(e.shape)
 
+    def load_expert(name: str):
+        w = load(name)
+        scale = None
+        if w.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            scale = load(name + "_scale_inv" if name + "_scale_inv" in wm else name + "_scale")
+        return w, scale
+
+    experts = list(dict.fromkeys(t.src for t in sp.tensors if t.action != "copy"))
     writer = StreamingShardWriter(final, [(t.name, t.dtype, t.shape) for t in sp.tensors], {"format": "pt"})
+    readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kq-read")
+    wpool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kq-write")  # one worker: writes stay in order
+    writes: deque = deque()
     try:
-        cache: dict[str, tuple] = {}
+        pending = {n: readers.submit(load_expert, n) for n in experts[:PREFETCH]}
+        nxt = PREFETCH
+        parts: dict[str, tuple] = {}
         for t in sp.tensors:
+            while len(writes) > 2 * PREFETCH:
+                writes.popleft().result()
             if t.action == "copy":
                 entry = source.headers[wm[t.src]][t.src]
-                writer.copy_from(t.name, paths[wm[t.src]], entry)
+                writes.append(wpool.submit(writer.copy_from, t.name, paths[wm[t.src]], entry))
                 if progress:
                     progress.advance(entry.nbytes)
                 continue
-            if t.src not in cache:
-                w = raw(t.src)
-                scale = None
-                if w.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-                    base = t.src
-                    sname = base + "_scale_inv" if base + "_scale_inv" in wm else base + "_scale"
-                    scale = raw(sname)
-                cache[t.src] = expert_codes(t.src, w, scale)
+            if t.src not in parts:
+                w, scale = pending.pop(t.src).result()
+                if nxt < len(experts):
+                    pending[experts[nxt]] = readers.submit(load_expert, experts[nxt])
+                    nxt += 1
+                parts[t.src] = expert_codes(t.src, w, scale)
                 if progress:
                     progress.advance(source.headers[wm[t.src]][t.src].nbytes)
-            packed, scale, shape = cache[t.src]
-            part = {"packed": packed, "scale": scale, "shape": shape}[t.action]
-            writer.write(t.name, part)
+            part = parts[t.src][("packed", "scale", "shape").index(t.action)]
+            writes.append(wpool.submit(writer.write, t.name, part))
             if t.action == "shape":
-                del cache[t.src]
-        _last_hash[final] = writer.close()
+                del parts[t.src]
+        while writes:
+            writes.popleft().result()
+        return writer.close()
     except BaseException:
+        for f in writes:
+            f.cancel()
+        wpool.shutdown(wait=True)
         writer.abort()
         raise
+    finally:
+        readers.shutdown(wait=True, cancel_futures=True)
+        wpool.shutdown(wait=True)
 
 
 def finish(source: Source, plan: Plan, out: Path, opts: Options, fp: str, state: dict, seconds: float) -> dict:
