@@ -52,11 +52,25 @@ def test_card_numbers_come_from_the_manifest(out):
 def test_eval_table_only_from_kq_eval_json(out):
     from kq.publish.card import render_card
 
-    (out / "kq-eval.json").write_text(json.dumps({"kl_mean": 0.0123, "top1": 0.936, "ppl": {"source": 50.8, "quantized": 51.2}}))
+    record = {"kq_version": "0.1.0", "created": "2026-11-30T04:00:00+00:00", "text": "/data/eval_text.txt.gz",
+              "source": "/models/src", "dtype": "float32", "device": "cpu", "kl": 0.0123456789, "top1": 0.936,
+              "ppl_source": 50.8, "ppl_quantized": 51.2, "seqs": 48, "seqlen": 256, "totals": {"kl": 151.7}}
+    (out / "kq-eval.json").write_text(json.dumps(record))
     card = render_card(out)
     assert "## Evaluation" in card
-    for row in ("| kl_mean | 0.0123 |", "| top1 | 0.936 |", "| ppl.source | 50.8 |", "| ppl.quantized | 51.2 |"):
+    for row in ("| KL(source ‖ quantized), nats/token | 0.0123457 |", "| top-1 agreement with the source | 0.936 |",
+                "| perplexity, source | 50.8 |", "| perplexity, this checkpoint | 51.2 |"):
         assert row in card
+    assert "48 windows of 256 tokens" in card and "eval_text.txt.gz" in card
+    assert "151.7" not in card  # raw accumulators are not metrics
+
+
+def test_eval_table_of_another_layout_lists_recorded_numbers(out):
+    from kq.publish.card import render_card
+
+    (out / "kq-eval.json").write_text(json.dumps({"gsm8k": {"acc": 0.91}, "note": "x", "ok": True}))
+    card = render_card(out)
+    assert "| gsm8k.acc | 0.91 |" in card and "| ok |" not in card
 
 
 def test_local_source_has_no_base_model(out):
@@ -87,3 +101,14 @@ def test_card_on_unfinished_folder_is_one_line(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     r = kq("card", tmp_path)
     assert r.returncode == 2 and "not a finished kq checkpoint" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_calibration_is_shown_as_recorded(out):
+    from kq.publish.card import render_card
+
+    m = json.loads((out / "kq-manifest.json").read_text())
+    assert "calibration data: none (RTN uses the weights only)" in render_card(out)
+    m["options"].update(method="gptq", calibration={"file": "calib.jsonl", "samples": 512, "tokens": 1048576})
+    (out / "kq-manifest.json").write_text(json.dumps(m))
+    card = render_card(out)
+    assert "- method: gptq" in card and "calibration data: file: calib.jsonl, samples: 512, tokens: 1048576" in card

@@ -46,6 +46,13 @@ def _gb(n: int | None) -> str:
     return f"{n / 1e6:,.2f} MB" if n >= 1e5 else f"{n:,} B"
 
 
+def _calib_text(calib) -> str:
+    # The run records it as a name or as a dict (file, sha256, samples, tokens, ...): show it as recorded.
+    if isinstance(calib, dict):
+        return ", ".join(f"{k}: {v}" for k, v in calib.items())
+    return str(calib)
+
+
 def _exact(n: int | None) -> str:
     return "n/a" if n is None else f"{_gb(n)} ({n:,} bytes)"
 
@@ -65,26 +72,45 @@ def _tp_rows(intermediate: int | None, group: int) -> list[str]:
     return rows
 
 
+# The summary keys `kq eval` records (kq/eval/run.py), in the order a reader wants them.
+_EVAL_KEYS = (
+    ("kl", "KL(source ‖ quantized), nats/token"),
+    ("top1", "top-1 agreement with the source"),
+    ("ppl_source", "perplexity, source"),
+    ("ppl_quantized", "perplexity, this checkpoint"),
+)
+
+
+def _fmt(v) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
 def _eval_section(ev: dict) -> list[str]:
-    """`kq eval`'s numbers as they were recorded: one row per numeric leaf."""
-    rows: list[tuple[str, object]] = []
+    """`kq eval`'s numbers exactly as recorded in kq-eval.json."""
+    rows = [(label, ev[k]) for k, label in _EVAL_KEYS if isinstance(ev.get(k), (int, float))]
+    if not rows:  # another layout: every numeric leaf, as recorded
+        def walk(prefix: str, v) -> None:
+            if isinstance(v, dict):
+                for k, x in v.items():
+                    walk(f"{prefix}.{k}" if prefix else str(k), x)
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                rows.append((prefix, v))
 
-    def walk(prefix: str, v) -> None:
-        if isinstance(v, dict):
-            for k, x in v.items():
-                walk(f"{prefix}.{k}" if prefix else str(k), x)
-        elif isinstance(v, bool) or v is None:
-            return
-        elif isinstance(v, (int, float)):
-            rows.append((prefix, v))
-
-    walk("", ev)
+        walk("", ev)
     if not rows:
         return []
     out = ["## Evaluation", "", f"From `{EVAL_NAME}`, written by `kq eval` for this checkpoint.", "",
-           "| metric | value |", "|---|---|"]
-    out += [f"| {k} | {v:.6g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in rows]
-    return out + [""]
+           "| metric | value |", "|---|---|", *[f"| {k} | {_fmt(v)} |" for k, v in rows], ""]
+    how = [f"{ev['seqs']} windows of {ev['seqlen']} tokens" if "seqs" in ev and "seqlen" in ev else None,
+           f"text `{Path(str(ev['text'])).name}`" if ev.get("text") else None,
+           f"compared against `{ev['source']}`" if ev.get("source") else None,
+           f"{ev['dtype']} on {ev.get('device', '?')}" if ev.get("dtype") else None,
+           f"kq {ev['kq_version']}" if ev.get("kq_version") else None,
+           ev.get("created")]
+    how = [h for h in how if h]
+    if how:
+        out += ["Measured on " + ", ".join(how) + ".", ""]
+    return out
 
 
 def render_card(out_dir: Path, repo_id: str | None = None) -> str:
@@ -138,7 +164,7 @@ def render_card(out_dir: Path, repo_id: str | None = None) -> str:
         "## Method", "",
         f"- method: {method}" + (f" (clipping: {opts['clip']})" if opts.get("clip") else ""),
         f"- symmetric INT4, group size {group}, BF16 scales",
-        f"- calibration data: {calib if calib else 'none (' + method.upper() + ' uses the weights only)'}",
+        f"- calibration data: {_calib_text(calib) if calib else 'none (' + method.upper() + ' uses the weights only)'}",
         "",
         "## Size", "",
         "| | bytes |", "|---|---|",
