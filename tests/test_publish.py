@@ -153,7 +153,7 @@ def test_name_collision_refused_and_branch_allowed(hub, out, tmp_path):
 
 def test_other_namespace_refused(hub, out):
     r = kq(hub, "publish", out, "bob/GLM-INT4")
-    assert r.returncode == 2 and "cannot create repos in namespace bob" in r.stderr
+    assert r.returncode == 2 and "user alice cannot write to namespace bob" in r.stderr
     r = kq(hub, "publish", out, "kq-org/GLM-INT4", "--private", "--workers", 1)
     assert r.returncode == 0, r.stderr
     assert hub.repos["kq-org/GLM-INT4"].private
@@ -233,3 +233,13 @@ def test_publishing_to_a_second_repo_sends_everything_there(hub, out):
     r = kq(hub, "publish", out, "alice/Second", "--workers", 1)
     assert r.returncode == 0, r.stderr
     assert_landed(hub, "alice/Second", out)
+
+
+def test_someone_elses_repo_is_refused_in_one_line(hub, out, tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    hub.add_repo_from_folder("bob/Model", other)
+    r = kq(hub, "publish", out, "bob/Model", "--revision", "int4")
+    assert r.returncode == 2 and "user alice cannot write to namespace bob" in r.stderr
+    assert "Traceback" not in r.stderr and hub.count("PUT") == 0 and "int4" not in hub.repos["bob/Model"].branches

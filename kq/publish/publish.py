@@ -156,7 +156,7 @@ def _ensure_repo(api, plan: PublishPlan, user: str) -> bool:
     except HfHubHTTPError as err:
         status = _http_status(err)
         if status == 403 or (status == 401 and repo_id.split("/")[0] != user):
-            raise KqError(f"user {user} cannot create repos in namespace {repo_id.split('/')[0]}: "
+            raise KqError(f"user {user} cannot write to namespace {repo_id.split('/')[0]}: "
                           "use your own namespace or an org you can write to") from None
         if status != 409:
             raise KqError(f"the Hub refused to create {repo_id} (HTTP {status}); retry later") from None
@@ -173,7 +173,9 @@ def _ensure_repo(api, plan: PublishPlan, user: str) -> bool:
         try:
             api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
         except HfHubHTTPError as err:
-            raise KqError(f"cannot create branch {revision!r} in {repo_id} (HTTP {_http_status(err)})") from None
+            status = _http_status(err)
+            why = "your token cannot write to it" if status in (401, 403) else f"HTTP {status}"
+            raise KqError(f"cannot create branch {revision!r} in {repo_id}: {why}") from None
     return created
 
 
@@ -193,6 +195,8 @@ def _upload(api, plan: PublishPlan, num_workers: int | None) -> None:
         raise KqError("upload interrupted: run the same command again to resume (files already sent are not resent)") from None
     except Exception as err:  # noqa: BLE001 — any failure here is resumable; say so in one line
         status = _http_status(err) or _http_status(getattr(err, "__cause__", None))
+        if status in (401, 403):  # not transient: retrying will not help
+            raise KqError(f"the Hub refused the upload (HTTP {status}): your token cannot write to {plan.repo_id}") from None
         why = f"HTTP {status}" if status else type(getattr(err, "__cause__", None) or err).__name__
         raise KqError(f"upload stopped ({why}): run the same command again to resume "
                       "(files already sent are not resent)") from None
