@@ -234,7 +234,7 @@ def moe_case(name, e, h, i, m, topk, groups, peers, sweep, r=12, kq=True):
         pp = random_moe(e, h, i, group)
         bpw = 0.5 + 2 / group
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        cfg1, cfg2 = kops.moe_configs(m * topk, e, h, i, sms)
+        cfg1, cfg2 = kops.moe_configs(m * topk, e, h, i, sms, group)
         cands = [cfg1]
         if sweep:
             kb = -(-h // PACK_K)

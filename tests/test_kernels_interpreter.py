@@ -106,3 +106,16 @@ def test_fused_moe_kernel_matches_reference(group, use_map, cfgs):
     want = reference.fused_moe_w4a16(x, pp, tw, ids, expert_map=emap, routed_scaling_factor=2.5)
     assert got.shape == (T, H)
     assert _rel(got, want) < 1.5e-2      # the kernel rounds the SiLU*mul activations to bf16
+
+
+def test_tile_heuristics_split_k_divides_k_blocks_and_decode_stays_on_mma_sync_tiles():
+    for m, n, k in [(1, 12288, 6144), (16, 4096, 7168), (64, 12288, 6144), (200, 7168, 2048), (1, 96, 192)]:
+        cfg = ops.dense_config(m, n, k, 132)
+        assert (-(-k // 128)) % cfg.split_k == 0 and (-(-k // 128)) // cfg.split_k >= 1
+        assert cfg.block_m in (16, 32)          # BLOCK_M 64 would take the slow wgmma/plain path
+    assert ops.dense_config(1, 12288, 6144, 132).split_k == 4
+    c1, c2 = ops.moe_configs(16 * 8, 384, 7168, 256, 132, 128)
+    assert (c1.block_m, c2.block_m, c2.block_n) == (16, 16, 128) and 56 % c1.split_k == 0 and c1.split_k > 1
+    assert ops.moe_configs(16 * 8, 384, 7168, 256, 132, 32)[1].block_n == 64
+    p1, p2 = ops.moe_configs(4096 * 8, 256, 6144, 2048, 132, 128)
+    assert (p1.block_m, p1.split_k, p1.num_warps, p2.block_m) == (64, 1, 8, 64)

@@ -35,42 +35,39 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
-def _split_for(programs: int, kblocks: int, sms: int) -> int:
-    """Split K until the grid covers the SMs about twice, keeping >= 2 K blocks per split."""
+def _split_for(programs: int, kblocks: int, sms: int, waves: int = 2) -> int:
+    """Split K until the grid covers the SMs `waves` times, keeping >= 2 K blocks per split."""
     split = 1
-    while programs * split < 2 * sms and kblocks % (split * 2) == 0 and kblocks // (split * 2) >= 2:
+    while programs * split < waves * sms and kblocks % (split * 2) == 0 and kblocks // (split * 2) >= 2:
         split *= 2
     return split
 
 
 # Above this many rows a dense W4A16 linear dequantises the weight to bf16 once and calls
 # cuBLAS: the GEMM is compute-bound there, and cuBLAS's wgmma pipeline beats dequantising
-# inside every tile (the extra pass costs about 2.5 bytes per weight of HBM traffic).
+# inside every tile (H200, 12288x6144, M=512: 149 us against 1663 us for the best Triton tile).
 DEQUANT_GEMM_MIN_M = 256
 
 
 def dense_config(m: int, n: int, k: int, sms: int) -> TileConfig:
-    if m <= 16:
-        bm, bn = 16, 64
-    elif m <= 32:
-        bm, bn = 32, 64
-    else:
-        bm, bn = 64, 64
-    if bm > 16:
-        kblocks = -(-k // PACK_K)
-        return TileConfig(bm, bn, _split_for(triton.cdiv(m, bm) * triton.cdiv(n, bn), kblocks, sms), num_warps=8)
+    """Tiles picked from the H200 sweep (benchmarks/results/kernels.md): BLOCK_M 16 up to 16 rows,
+    32 above (BLOCK_M 64 takes Triton's wgmma path with the slow plain dequant, 5-10x slower)."""
     kblocks = -(-k // PACK_K)
-    return TileConfig(bm, bn, _split_for(triton.cdiv(m, bm) * triton.cdiv(n, bn), kblocks, sms))
+    if m <= 16:
+        return TileConfig(16, 64, _split_for(triton.cdiv(n, 64), kblocks, sms, waves=4))
+    return TileConfig(32, 128, _split_for(triton.cdiv(m, 32) * triton.cdiv(n, 128), kblocks, sms))
 
 
-def moe_configs(pairs: int, e: int, h: int, i: int, sms: int) -> tuple[TileConfig, TileConfig]:
-    """(gate+up config, down config) for `pairs` = tokens * top_k routed over `e` experts."""
-    bm = 16 if pairs <= 4 * e else 64
-    bn1 = 64
-    blocks = max_blocks(pairs, e, bm)
-    split1 = _split_for(blocks * triton.cdiv(i, bn1), -(-h // PACK_K), sms) if bm == 16 else 1
-    warps = 4 if bm == 16 else 8
-    return TileConfig(bm, bn1, split1, warps), TileConfig(bm, 128 if bm == 64 else 64, 1, warps)
+def moe_configs(pairs: int, e: int, h: int, i: int, sms: int, group: int = 128) -> tuple[TileConfig, TileConfig]:
+    """(gate+up config, down config) for `pairs` = tokens * top_k routed over `e` experts.
+
+    Decode (<= 4 pairs per expert on average): BLOCK_M 16, gate+up split over K until the
+    grid covers the SMs twice; down with BLOCK_N 128 at group >= 64 (64 at group 32, whose
+    per-group scale work favours narrower tiles). Prefill: BLOCK_M 64 on 8 warps."""
+    if pairs <= 4 * e:
+        split1 = _split_for(max_blocks(pairs, e, 16) * triton.cdiv(i, 64), -(-h // PACK_K), sms)
+        return TileConfig(16, 64, split1), TileConfig(16, 128 if group >= 64 else 64, 1)
+    return TileConfig(64, 64, 1, 8), TileConfig(64, 128, 1, 8)
 
 
 def _launch_gemm(a, q, s, out, k, n, group, cfg: TileConfig, *, rows=0, routing=None, a_row_div=1,
@@ -184,7 +181,7 @@ def fused_moe_w4a16(x: torch.Tensor, pp: PrepackedMoE, topk_weights: torch.Tenso
     t, h = x.shape
     k = topk_ids.shape[1]
     x = x.contiguous()
-    cfg1, cfg2 = configs or moe_configs(t * k, pp.num_experts, h, pp.intermediate, _num_sms(x.device))
+    cfg1, cfg2 = configs or moe_configs(t * k, pp.num_experts, h, pp.intermediate, _num_sms(x.device), pp.group)
     r1 = moe_align(topk_ids, pp.num_experts, cfg1.block_m, expert_map)
     act = moe_gate_up(x, pp, r1, k, cfg1)
     r2 = r1 if cfg2.block_m == cfg1.block_m else moe_align(topk_ids, pp.num_experts, cfg2.block_m, expert_map)
