@@ -133,6 +133,7 @@ class HubStandin:
         self._thread: threading.Thread | None = None
         self._timer: threading.Timer | None = None
         self._conns: set[socket.socket] = set()
+        self._endpoint: str | None = None
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -143,6 +144,7 @@ class HubStandin:
             hub = standin
 
         self._server = _Server(("127.0.0.1", 0), Handler)
+        self._endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
         self._thread.start()
@@ -177,8 +179,9 @@ class HubStandin:
 
     @property
     def endpoint(self) -> str:
-        assert self._server is not None, "stand-in not started"
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        # Still answers after stop(): a stopped stand-in's port is a handy "Hub unreachable".
+        assert self._endpoint is not None, "stand-in not started"
+        return self._endpoint
 
     def client_env(self, token: str | None = None, home: Path | None = None, **extra: str) -> dict[str, str]:
         """Environment for a subprocess that talks to this stand-in through huggingface_hub."""

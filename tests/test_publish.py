@@ -114,6 +114,7 @@ def test_interrupted_upload_resumes_without_resending(hub, out):
     assert first[0] not in second  # the shard already sent was not sent again
     assert len(hub.lfs_puts) == len(set(hub.lfs_puts)) == 3
     assert hub.count("PUT") - puts_before == 2
+    assert_no_token_anywhere(out, r.stdout, r.stderr)
 
 
 def test_rejected_token(hub, out):
@@ -243,3 +244,18 @@ def test_someone_elses_repo_is_refused_in_one_line(hub, out, tmp_path):
     r = kq(hub, "publish", out, "bob/Model", "--revision", "int4")
     assert r.returncode == 2 and "user alice cannot write to namespace bob" in r.stderr
     assert "Traceback" not in r.stderr and hub.count("PUT") == 0 and "int4" not in hub.repos["bob/Model"].branches
+
+
+def test_offline_or_unreachable_hub_is_one_line(tmp_path, out):
+    with HubStandin(tmp_path / "gone", tokens={TOKEN: "alice"}) as gone:
+        pass  # stopped: its loopback port now refuses connections
+    r = kq(gone, "publish", out, "alice/GLM-INT4")
+    assert r.returncode == 2 and "cannot reach the Hub at http://127.0.0.1:" in r.stderr
+    assert "Traceback" not in r.stderr
+    env_offline = gone.client_env(token=TOKEN, HF_HUB_OFFLINE="1")
+    r = subprocess.run([sys.executable, "-m", "kq", "publish", str(out), "alice/GLM-INT4"], env=env_offline,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "HF_HUB_OFFLINE is set" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "kq", "publish", str(out), "alice/GLM-INT4", "--dry-run"],
+                       env=env_offline, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "files:" in r.stdout

@@ -234,9 +234,24 @@ def publish(out_dir: Path, repo_id: str, *, revision: str | None = None, private
         echo(card_text if card_text is not None else (out_dir / CARD_NAME).read_text())
         return plan
 
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi, constants
+
+    if constants.is_offline_mode():
+        raise KqError("HF_HUB_OFFLINE is set: publishing needs the Hub; unset it (a --dry-run works offline)")
+    import httpx
 
     api = HfApi()
+    try:
+        return _publish_online(api, plan, card_text, out_dir, repo_id, revision, private, overwrite_card,
+                               num_workers, echo)
+    except (httpx.TransportError, ConnectionError, TimeoutError) as err:
+        raise KqError(f"cannot reach the Hub at {api.endpoint} ({type(err).__name__}): check the network; "
+                      "run the same command again to resume") from None
+
+
+def _publish_online(api, plan: PublishPlan, card_text: str | None, out_dir: Path, repo_id: str,
+                    revision: str | None, private: bool, overwrite_card: bool, num_workers: int | None,
+                    echo: Callable[[str], None]) -> PublishResult:
     user = _auth(api)
     if card_text is not None:
         write_card(out_dir, repo_id, overwrite=overwrite_card)
