@@ -235,6 +235,7 @@ def publish(out_dir: Path, repo_id: str, *, revision: str | None = None, private
         return plan
 
     from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import HfHubHTTPError
 
     if constants.is_offline_mode():
         raise KqError("HF_HUB_OFFLINE is set: publishing needs the Hub; unset it (a --dry-run works offline)")
@@ -246,6 +247,9 @@ def publish(out_dir: Path, repo_id: str, *, revision: str | None = None, private
                                num_workers, echo)
     except (httpx.TransportError, ConnectionError, TimeoutError) as err:
         raise KqError(f"cannot reach the Hub at {api.endpoint} ({type(err).__name__}): check the network; "
+                      "run the same command again to resume") from None
+    except HfHubHTTPError as err:  # anything the steps above did not already explain
+        raise KqError(f"the Hub answered HTTP {_http_status(err)} while publishing {repo_id}; "
                       "run the same command again to resume") from None
 
 
