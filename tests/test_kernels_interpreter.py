@@ -114,8 +114,8 @@ def test_tile_heuristics_split_k_divides_k_blocks_and_decode_stays_on_mma_sync_t
         assert (-(-k // 128)) % cfg.split_k == 0 and (-(-k // 128)) // cfg.split_k >= 1
         assert cfg.block_m in (16, 32)          # BLOCK_M 64 would take the slow wgmma/plain path
     assert ops.dense_config(1, 12288, 6144, 132).split_k == 4
-    c1, c2 = ops.moe_configs(16 * 8, 384, 7168, 256, 132, 128)
-    assert (c1.block_m, c2.block_m, c2.block_n) == (16, 16, 128) and 56 % c1.split_k == 0 and c1.split_k > 1
+    c1, c2 = ops.moe_configs(1 * 8, 384, 7168, 256, 132, 128)       # one token: 8 blocks x 4 column tiles
+    assert (c1.block_m, c1.split_k, c2.block_m, c2.block_n) == (16, 8, 16, 128)
     assert ops.moe_configs(16 * 8, 384, 7168, 256, 132, 32)[1].block_n == 64
     p1, p2 = ops.moe_configs(4096 * 8, 256, 6144, 2048, 132, 128)
     assert (p1.block_m, p1.split_k, p1.num_warps, p2.block_m) == (64, 1, 8, 64)
