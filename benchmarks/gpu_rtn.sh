@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# On the lent H200, from the repo root: benchmarks/rtn.py on full-size GLM-5.2 layer shapes, kq on cuda
+# beside llm-compressor 0.14's model_free_ptq on cuda, in one call. Table and JSON land in $OUT.
+#   carry: .whl-rtn   (git-ignored via .git/info/exclude; ~4 MB of Python 3.12 wheels that the image lacks:
+#          llmcompressor 0.14.0.1, compressed-tensors 0.19.0, loguru, pydantic + pydantic-core,
+#          annotated-types, typing-inspection, typing-extensions, and datasets + multiprocess + dill,
+#          which `import llmcompressor` pulls in through its dataset arguments)
+# Knobs: LAYERS (MoE layers of ~9.9 GB each, default 1), RUNS, DEADLINE_S (no run starts after it),
+#        RUN_TIMEOUT_S (a run is killed after it),
+#        WORK (scratch folder on the local disk). KQ_BENCH_DRY=1 rehearses the logic on this CPU
+#        machine: tiny checkpoint, device cpu, .venv / .venv-llmc interpreters, wheels only unpacked.
+set -o pipefail
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+WORK=${WORK:-/tmp/kq-rtn}
+LAYERS=${LAYERS:-1}
+RUNS=${RUNS:-kq,llmc,kq-absmax,llmc-w4,llmc-mse}
+DEADLINE_S=${DEADLINE_S:-300}
+RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-120}
+SITE=/tmp/site
+if [ -n "$KQ_BENCH_DRY" ]; then
+  PY=.venv/bin/python; LLMC_PY=.venv-llmc/bin/python; SIZE=tiny; DEV=cpu; SITE=/tmp/site-dry
+  # only a Python 3.12 can import the cp312 wheels: here check that the set installs as one
+  PIPX=(--python-version 3.12 --implementation cp --only-binary=:all:
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+else
+  PY=python3; LLMC_PY=python3; SIZE=full; DEV=cuda; PIPX=()
+fi
+rm -rf "$SITE"
+"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "${PIPX[@]}" \
+  --target "$SITE" .whl-rtn/*.whl || exit 1
+[ -z "$KQ_BENCH_DRY" ] && export PYTHONPATH=$SITE:$PWD
+{ date -u; df -h "$(dirname "$WORK")" | tail -1; nproc; free -g | head -2
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null; } | tee "$OUT/machine.txt"
+# What the image brings that the peer depends on (datasets wants pyarrow >= 24, fsspec <= 2026.9).
+"$LLMC_PY" -c "import importlib.metadata as m
+print(', '.join(f'{n} {m.version(n)}' for n in ('torch','triton','transformers','pyarrow','fsspec','pandas','typing_extensions','huggingface_hub','safetensors')))" \
+  2>&1 | tee -a "$OUT/machine.txt"
+# Preflight: if the peer cannot import here, still measure kq (and say why the peer is missing).
+if ! "$LLMC_PY" -c "from llmcompressor.entrypoints.model_free import model_free_ptq" > "$OUT/llmc_import.log" 2>&1; then
+  echo "llm-compressor does not import here (tail of $OUT/llmc_import.log):"; tail -5 "$OUT/llmc_import.log"
+  RUNS=$(echo "$RUNS" | tr ',' '\n' | grep -v '^llmc' | paste -sd,)
+fi
+"$PY" benchmarks/rtn.py --size "$SIZE" --layers "$LAYERS" --device "$DEV" --runs "$RUNS" \
+  --llmc-python "$LLMC_PY" --work "$WORK" --deadline-s "$DEADLINE_S" --run-timeout-s "$RUN_TIMEOUT_S" 2>&1 | tee "$OUT/rtn.log"
+rc=$?
+rm -rf "$WORK"
+exit $rc
