@@ -449,5 +449,56 @@ def print_table(env):
         print(f"{key[0]:24s} M={key[1]:<5} {r['kind']:16s} {r['us']:9.2f} us  {r.get('GBps', 0):7.1f} GB/s")
 
 
+MARLIN_REF = {  # REFERENCE.md §4: SGLang 0.5.23 Marlin MoE, same harness, another run (2026-11-30), gate+up
+    ("kimi_tp8", 1): (12.9, 14.5), ("kimi_tp8", 16): (73.3, 75.4), ("kimi_tp8", 64): (173, 176),
+    ("glm52", 1): (42.0, 42.7), ("glm52", 16): (425, 439), ("glm52", 64): (874, 926),
+}
+
+
+def report(path: str) -> None:
+    """Markdown tables (with ratios to the peers of the same run) from a bench log or JSON lines."""
+    rows = []
+    for line in open(path):
+        line = line.strip()
+        if line.startswith("{") and '"case"' in line and "_sweep" not in line:
+            r = json.loads(line)
+            if "us" in r:
+                rows.append(r)
+    by = {(r["case"], r["M"], r["kind"]): r for r in rows}
+    print("| case | tokens x8 | group | kq gate+up us (TB/s) | vs SGLang FP8 | vs SGLang BF16 | vs SGLang INT4 |"
+          " Marlin (REFERENCE, other run) | kq whole MoE us |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for case in ("kimi_tp8", "glm52"):
+        for m in (1, 16, 64):
+            for g in (128, 32):
+                k = by.get((case, m, f"kq_g{g}"))
+                if not k:
+                    continue
+                def ratio(kind):
+                    p = by.get((case, m, kind))
+                    return f"{p['us'] / k['us']:.2f}x ({p['us']:.1f})" if p else "n/a"
+                mref = MARLIN_REF.get((case, m))
+                mtxt = f"{mref[0 if g == 32 else 1] / k['us']:.2f}x ({mref[0 if g == 32 else 1]})" if mref else "n/a"
+                full = by.get((case, m, f"kq_full_tuned_g{g}")) or by.get((case, m, f"kq_full_g{g}"))
+                print(f"| {case} | {m} | {g} | {k['us']:.1f} ({k['GBps'] / 1000:.2f}) | {ratio('sgl_fp8')} | "
+                      f"{ratio('sgl_bf16')} | {ratio(f'sgl_int4_g{g}')} | {mtxt} | "
+                      f"{full['us']:.1f} |" if full else "n/a |")
+    print()
+    print("| dense N x K | M | kq us | kq path | vs cuBLAS BF16 | vs cuBLAS FP8 | vs tinygemm g128 |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        if not r["case"].startswith(("dense", "kimi_gate", "kimi_down")) or r["kind"] != "kq_g128":
+            continue
+        def ratio(kind):
+            p = by.get((r["case"], r["M"], kind))
+            return f"{p['us'] / r['us']:.2f}x ({p['us']:.1f})" if p else "n/a"
+        cfg = r["cfg"] if isinstance(r["cfg"], str) else "BM{block_m} BN{block_n} split{split_k} w{num_warps}".format(**r["cfg"])
+        print(f"| {r['N']}x{r['K']} | {r['M']} | {r['us']:.1f} | {cfg} | {ratio('cublas_bf16')} | "
+              f"{ratio('cublas_fp8')} | {ratio('tinygemm_g128')} |")
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 3 and sys.argv[1] == "--report":
+        report(sys.argv[2])
+    else:
+        main()

@@ -10,17 +10,23 @@ import pytest
 
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
-if "triton" in sys.modules and "_triton_interpreter" not in sys.modules:
-    pytest.skip("triton was imported before TRITON_INTERPRET could be set", allow_module_level=True)
-import _triton_interpreter  # noqa: E402,F401  (sets TRITON_INTERPRET before triton is imported)
+if "kq.kernels.triton_ops" in sys.modules and "_triton_interpreter" not in sys.modules:
+    pytest.skip("kq.kernels.triton_ops was already loaded compiled (a CUDA run): "
+                "the GPU tests cover it", allow_module_level=True)
+import _triton_interpreter  # noqa: E402,F401  (loads kq's kernels under the interpreter)
 import torch  # noqa: E402
 
 from kq.kernels import prepack_linear, prepack_moe, reference  # noqa: E402
 from kq.kernels.layout import pack_checkpoint_nibbles  # noqa: E402
 
-ops = pytest.importorskip("kq.kernels.triton_ops")
-if not ops._INTERPRETED:   # imported earlier in this process without the interpreter
-    pytest.skip("kq.kernels.triton_ops was imported before TRITON_INTERPRET was set", allow_module_level=True)
+ops = _triton_interpreter.ops
+assert ops._INTERPRETED
+
+
+@pytest.fixture(autouse=True)
+def _interpret(monkeypatch):
+    """Triton consults TRITON_INTERPRET again while launching; set it only while these tests run."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 def _weights(e, n, k, group, gen):
