@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from conftest import SMALL_GLM5, run_kq
+from kq_testutil import SMALL_GLM5, run_kq
 from kq.synth import generate
 
 

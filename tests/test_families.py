@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from conftest import run_kq
+from kq_testutil import run_kq
 from kq.checkpoint.reader import CheckpointReader
 from kq.recipes import expert_match
 from kq.synth import generate

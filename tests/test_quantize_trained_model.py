@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from conftest import TINY_MODEL, run_kq
+from kq_testutil import TINY_MODEL, run_kq
 
 EXPERT = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$")
 

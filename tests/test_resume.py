@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_kq
+from kq_testutil import run_kq
 
 KILLER = Path(__file__).with_name("_killed_run.py")
 
