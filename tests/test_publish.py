@@ -149,6 +149,8 @@ def test_name_collision_refused_and_branch_allowed(hub, out, tmp_path):
     r = kq(hub, "publish", out, "alice/GLM-INT4", "--revision", "int4")
     assert r.returncode == 0, r.stderr
     assert_landed(hub, "alice/GLM-INT4", out, branch="int4")
+    card = (hub.repo_dir("alice/GLM-INT4", "int4") / "README.md").read_text()
+    assert "--model-path alice/GLM-INT4 --revision int4 --tp 8" in card
     assert (hub.repo_dir("alice/GLM-INT4") / "README.md").read_text() == "someone else's model\n"
 
 

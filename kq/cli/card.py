@@ -9,6 +9,7 @@ import typer
 def card(
     out: Path = typer.Argument(..., help="A finished kq output folder (has kq-manifest.json)."),
     repo_id: str | None = typer.Option(None, "--repo-id", help="Hub repo the card will live in (used in the launch line)."),
+    revision: str | None = typer.Option(None, "--revision", help="Hub branch it will live on (added to the launch line)."),
     overwrite_card: bool = typer.Option(False, "--overwrite-card", help="Replace a README.md that kq did not write."),
     show: bool = typer.Option(False, "--print", help="Print the card to stdout instead of writing README.md."),
 ) -> None:
@@ -17,9 +18,9 @@ def card(
     from kq.publish.card import render_card, write_card
 
     if show:
-        typer.echo(render_card(out, repo_id), nl=False)
+        typer.echo(render_card(out, repo_id, revision), nl=False)
         return
-    path, written = write_card(out, repo_id, overwrite=overwrite_card)
+    path, written = write_card(out, repo_id, revision=revision, overwrite=overwrite_card)
     if written:
         typer.echo(f"wrote {path}")
     else:

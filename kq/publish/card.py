@@ -113,8 +113,8 @@ def _eval_section(ev: dict) -> list[str]:
     return out
 
 
-def render_card(out_dir: Path, repo_id: str | None = None) -> str:
-    """The card text for the checkpoint in out_dir (published as repo_id, when known)."""
+def render_card(out_dir: Path, repo_id: str | None = None, revision: str | None = None) -> str:
+    """The card text for the checkpoint in out_dir (published as repo_id, on branch revision, when known)."""
     out_dir = Path(out_dir)
     m = _load_json(out_dir / MANIFEST_NAME, "run `kq quantize` first")
     cfg = _load_json(out_dir / "config.json", "config.json is missing")
@@ -128,7 +128,7 @@ def render_card(out_dir: Path, repo_id: str | None = None) -> str:
     group = opts.get("group_size")
     method = opts.get("method", "rtn")
     name = repo_id or out_dir.resolve().name
-    model_ref = repo_id or str(out_dir)
+    model_ref = (repo_id or str(out_dir)) + (f" --revision {revision}" if repo_id and revision else "")
 
     meta: dict = {}
     if base:
@@ -213,11 +213,12 @@ def card_status(out_dir: Path) -> str:
         return "user"
 
 
-def write_card(out_dir: Path, repo_id: str | None = None, *, overwrite: bool = False) -> tuple[Path, bool]:
+def write_card(out_dir: Path, repo_id: str | None = None, *, revision: str | None = None,
+               overwrite: bool = False) -> tuple[Path, bool]:
     """Write README.md unless it is the user's own; returns (path, written)."""
     out_dir = Path(out_dir)
     path = out_dir / CARD_NAME
-    text = render_card(out_dir, repo_id)
+    text = render_card(out_dir, repo_id, revision)
     status = card_status(out_dir)
     if status == "user" and not overwrite:
         return path, False

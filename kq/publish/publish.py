@@ -59,12 +59,12 @@ def verify_or_refuse(out_dir: Path) -> None:
         )
 
 
-def _card_plan(out_dir: Path, repo_id: str, overwrite_card: bool) -> tuple[str, str | None]:
+def _card_plan(out_dir: Path, repo_id: str, revision: str | None, overwrite_card: bool) -> tuple[str, str | None]:
     """(what happens to README.md, the text that will be written or None)."""
     status = card_status(out_dir)
     if status == "user" and not overwrite_card:
         return "keep user card (pass --overwrite-card to replace it)", None
-    text = render_card(out_dir, repo_id)
+    text = render_card(out_dir, repo_id, revision)
     if status != "absent" and (out_dir / CARD_NAME).read_text() == text:
         return "keep kq card (up to date)", None
     action = {"absent": "write kq card", "kq": "rewrite kq card", "user": "overwrite user card"}[status]
@@ -78,7 +78,7 @@ def prepare(out_dir: Path, repo_id: str, *, revision: str | None = None, private
     out_dir = Path(out_dir)
     plan_publish(out_dir, repo_id, revision=revision, private=private)  # folder + manifest readable
     verify_or_refuse(out_dir)
-    action, text = _card_plan(out_dir, repo_id, overwrite_card)
+    action, text = _card_plan(out_dir, repo_id, revision, overwrite_card)
     return plan_publish(out_dir, repo_id, revision=revision, private=private, card_action=action,
                         card_text=text), text
 
@@ -258,7 +258,7 @@ def _publish_online(api, plan: PublishPlan, card_text: str | None, out_dir: Path
                     echo: Callable[[str], None]) -> PublishResult:
     user = _auth(api)
     if card_text is not None:
-        write_card(out_dir, repo_id, overwrite=overwrite_card)
+        write_card(out_dir, repo_id, revision=revision, overwrite=overwrite_card)
         echo(f"card: {plan.card_action} -> {out_dir / CARD_NAME}")
     created = _ensure_repo(api, plan, user)
     echo(f"repo: {'created' if created else 'using existing'} {repo_id}" + (f" @ {revision}" if revision else ""))
