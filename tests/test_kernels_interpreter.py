@@ -114,6 +114,25 @@ def test_fused_moe_kernel_matches_reference(group, use_map, cfgs):
     assert _rel(got, want) < 1.5e-2      # the kernel rounds the SiLU*mul activations to bf16
 
 
+@pytest.mark.parametrize("use_map", [False, True])
+def test_fused_moe_skips_pairs_marked_minus_one(use_map):
+    # SGLang's EP dispatcher hands local ids with -1 for experts on other ranks
+    gen = torch.Generator().manual_seed(11)
+    E, H, I, T, k = 4, 128, 128, 3, 2
+    p13, s13 = _weights(E, 2 * I, H, 64, gen)
+    p2, s2 = _weights(E, H, I, 64, gen)
+    pp = prepack_moe(p13, s13, p2, s2, 64)
+    x = torch.randn(T, H, generator=gen).to(torch.bfloat16)
+    ids = torch.tensor([[0, -1], [-1, 3], [2, 0]], dtype=torch.int32)
+    tw = torch.rand(T, k, generator=gen)
+    emap = torch.arange(E, dtype=torch.int32) if use_map else None
+    got = ops.fused_moe_w4a16(x, pp, tw, ids, expert_map=emap)
+    want = reference.fused_moe_w4a16(x, pp, tw, ids, expert_map=emap)
+    only_local = reference.fused_moe_w4a16(x, pp, tw * (ids >= 0), ids.clamp(min=0), expert_map=emap)
+    assert torch.equal(want, only_local)
+    assert _rel(got, want) < 1.5e-2
+
+
 def test_tile_heuristics_split_k_divides_k_blocks_and_decode_stays_on_mma_sync_tiles():
     for m, n, k in [(1, 12288, 6144), (16, 4096, 7168), (64, 12288, 6144), (200, 7168, 2048), (1, 96, 192)]:
         cfg = ops.dense_config(m, n, k, 132)

@@ -149,3 +149,7 @@ def test_fused_moe_refuses_mismatched_shapes():
         fused_moe_w4a16(x, pp, torch.rand(3, 2), torch.zeros(3, 1, dtype=torch.int32))
     assert torch.equal(reference.local_expert_ids(torch.tensor([[1, 0]]), torch.tensor([-1, 7])),
                        torch.tensor([[7, -1]]))
+    # SGLang's EP dispatcher writes -1 for experts on other ranks: never an index into the map
+    assert torch.equal(reference.local_expert_ids(torch.tensor([[-1, 1]]), torch.tensor([5, 6])),
+                       torch.tensor([[-1, 6]]))
+    assert torch.equal(reference.local_expert_ids(torch.tensor([[-1, 1]]), None), torch.tensor([[-1, 1]]))

@@ -1,7 +1,7 @@
 """Last step of the fused MoE: weight each token's top-k expert outputs and sum them.
 
-Pairs whose expert is not on this rank (expert_map -> -1) were never computed; they are
-skipped here, so their (unwritten) rows are never read.  The sum runs in fp32 in a fixed
+Pairs whose expert is not on this rank (expert_map -> -1, or an id of -1) were never
+computed; they are skipped here, so their (unwritten) rows are never read.  The sum runs in fp32 in a fixed
 order, so results do not depend on scheduling.
 """
 import triton
@@ -18,8 +18,8 @@ def combine_topk_kernel(y_ptr, ids_ptr, map_ptr, w_ptr, out_ptr, H, scale,
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for j in tl.static_range(TOPK):
         e = tl.load(ids_ptr + t * TOPK + j)
-        if HAS_MAP:
-            e = tl.load(map_ptr + e)
+        if HAS_MAP:                       # an id of -1 (another EP rank) must not index the map
+            e = tl.load(map_ptr + e, mask=e >= 0, other=-1)
         if e >= 0:
             w = tl.load(w_ptr + t * TOPK + j).to(tl.float32)
             row = (t * TOPK + j).to(tl.int64) * H

@@ -16,11 +16,15 @@ def w4a16_linear(x: torch.Tensor, w: PrepackedLinear) -> torch.Tensor:
 
 
 def local_expert_ids(topk_ids: torch.Tensor, expert_map: torch.Tensor | None) -> torch.Tensor:
-    """Global expert ids -> local ids; -1 where the expert lives on another rank."""
+    """Global expert ids -> local ids; -1 where the expert lives on another rank.
+
+    A negative id in topk_ids (SGLang's dispatcher marks experts of other EP ranks with -1)
+    stays -1, with or without a map."""
     ids = topk_ids.long()
     if expert_map is None:
-        return ids
-    return expert_map.to(ids.device).long()[ids]
+        return ids.clamp(min=-1)
+    mapped = expert_map.to(ids.device).long()[ids.clamp(min=0)]
+    return torch.where(ids < 0, -1, mapped)
 
 
 def fused_moe_w4a16(x: torch.Tensor, pp: PrepackedMoE, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
@@ -28,7 +32,8 @@ def fused_moe_w4a16(x: torch.Tensor, pp: PrepackedMoE, topk_weights: torch.Tenso
     """out[t] = rsf * sum_j w[t,j] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = local id of topk_ids[t,j].
 
     x [T, H]; topk_weights [T, k]; topk_ids [T, k] (global ids; `expert_map` [E_global] maps them to
-    local ids, -1 = not on this rank, contributing nothing). Returns [T, H] in x.dtype.
+    local ids, -1 = not on this rank, contributing nothing; an id of -1 in topk_ids itself means
+    the same). Returns [T, H] in x.dtype.
     """
     T, H = x.shape
     I = pp.intermediate
