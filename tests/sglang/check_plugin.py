@@ -133,6 +133,7 @@ def _moe_check(folder: str, tp: int, ep: int) -> dict:
                           topk_w, topk_ids, routed_scaling_factor=rsf).float()
 
     per_rank, methods, acc = {}, set(), torch.zeros(T, hidden)
+    used_rank_files, process_matches = set(), True
     shards = shard_dir(Path(folder), tp, ep)
     matches_shard_files = True if (shards / "manifest.json").is_file() else None
     m = tp // ep
@@ -142,13 +143,20 @@ def _moe_check(folder: str, tp: int, ep: int) -> dict:
             layer = _build_layer(qc, prefix, n_experts, hidden, inter, tp, ep, t, e, rsf)
             methods.add(type(layer.quant_method).__name__)
             _load(layer, tensors, prefix, n_experts)
-            per_rank[(e, t)] = {n: getattr(layer, n).data.clone() for n in full}
+            loaded = {n: getattr(layer, n).data.clone() for n in full}
+            per_rank[(e, t)] = loaded
+            # kq's prepack of what SGLang's loader put on this rank.
+            mine = prepack_moe(loaded["w13_weight_packed"], loaded["w13_weight_scale"],
+                               loaded["w2_weight_packed"], loaded["w2_weight_scale"], group)
+            used_rank_files.add(layer.kq_rank_files is not None)
             layer.quant_method.process_weights_after_loading(layer)
+            for a in ("w13_q", "w13_s", "w2_q", "w2_s"):
+                process_matches &= torch.equal(getattr(mine, a), getattr(layer.kq_moe, a))
             if matches_shard_files is not None:
                 mf = json.loads((shards / "manifest.json").read_text())
                 pp = read_rank(shards / rank_file(t, e), prefix, mf["layers"][prefix], tp, ep, group)
                 for a in ("w13_q", "w13_s", "w2_q", "w2_s"):
-                    matches_shard_files &= torch.equal(getattr(pp, a), getattr(layer.kq_moe, a))
+                    matches_shard_files &= torch.equal(getattr(pp, a), getattr(mine, a))
             # SGLang's standard dispatcher hands local ids (-1: expert on another EP rank).
             local = torch.where((topk_ids // per_ep) == e, topk_ids % per_ep, torch.full_like(topk_ids, -1))
             disp = StandardDispatchOutput(hidden_states=x, hidden_states_scale=None,
@@ -162,9 +170,37 @@ def _moe_check(folder: str, tp: int, ep: int) -> dict:
         "reassembles_exactly": all(torch.equal(again[n], full[n]) for n in full),
         "rank0_w13_shape": list(per_rank[(0, 0)]["w13_weight_packed"].shape),
         "matches_kq_shard_files": matches_shard_files,
+        "used_rank_files": sorted(used_rank_files),
+        "process_weights_matches_prepack": process_matches,
         "apply_sum_max_abs_err": float((acc - ref).abs().max()),
         "ref_max_abs": float(ref.abs().max()),
     }
+
+
+def _iterator_filter(folder: str) -> dict:
+    """SGLang's safetensors iterator after the plugin: with per-rank files for the running layout
+    it yields no routed-expert tensor of the full checkpoint; without, everything."""
+    from sglang.srt.model_loader import loader
+    from sglang.srt.runtime_context import get_parallel
+
+    files = sorted(str(p) for p in Path(folder).glob("*.safetensors"))
+    res = {}
+    for tp, ep in ((8, 1), (8, 2), (4, 1)):
+        with get_parallel().override(tp_size=tp, attn_tp_size=tp, moe_tp_size=tp // ep, moe_ep_size=ep, moe_tp_rank=0, moe_ep_rank=0):
+            names = [n for n, _ in loader.safetensors_weights_iterator(files)]
+        res[f"tp{tp}-ep{ep}"] = {"total": len(names),
+                                 "experts": sum(".mlp.experts." in n and "_proj.weight_" in n for n in names)}
+    return res
+
+
+def _draft_rank_files(folder: str):
+    """The MTP draft's layer (SGLang: model.decoder.mlp.experts) finds the checkpoint's last layer."""
+    from kq.sglang import rank_loader
+    from sglang.srt.runtime_context import get_parallel
+
+    with get_parallel().override(moe_tp_size=8, moe_ep_size=1, moe_tp_rank=3, moe_ep_rank=0):
+        info = rank_loader.find_for_layer(None, "model.decoder.mlp.experts", 32)
+    return info and {"layer": info["layer"], "file": Path(info["path"]).name}
 
 
 def _refuses_bad_split(folder: str) -> str:
@@ -200,6 +236,8 @@ def main() -> int:
     publish(ServerArgs(model_path=args.folder, tp_size=8, device="cpu"), role="scheduler")
     res["tp8"] = _moe_check(args.folder, 8, 1)
     res["tp8_ep2"] = _moe_check(args.folder, 8, 2)
+    res["iterator"] = _iterator_filter(args.folder)
+    res["draft_rank_files"] = _draft_rank_files(args.folder)
     if args.bad_split_folder:
         res["bad_split_error"] = _refuses_bad_split(args.bad_split_folder)
     Path(args.out).write_text(json.dumps(res, indent=1))

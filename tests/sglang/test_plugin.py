@@ -122,11 +122,25 @@ def test_tp_rank_loading_reassembles_exactly(plugin_check, layout):
     assert r["reassembles_exactly"] is True
     e_local = 8 if layout == "tp8" else 4
     assert r["rank0_w13_shape"] == [e_local, 2 * 256 // (8 if layout == "tp8" else 4), 128 // 8]
-    # The prepacked experts each rank builds equal kq shard's file for that rank.
+    # kq's prepack of what SGLang's loader put on each rank equals kq shard's file for that rank,
+    # and the plugin used those files (they exist for this layout) with the same result.
     assert r["matches_kq_shard_files"] is True
+    assert r["used_rank_files"] == [True]
+    assert r["process_weights_matches_prepack"] is True
     # Sum over ranks of apply() (what the all-reduce does) = the unsharded reference MoE, to
     # bf16 output rounding (each rank returns bf16).
     assert r["apply_sum_max_abs_err"] <= 0.01 * r["ref_max_abs"]
+
+
+def test_rank_files_replace_the_checkpoints_expert_reads(plugin_check):
+    it = plugin_check["iterator"]
+    # kq shard wrote tp8-ep1 and tp8-ep2: SGLang's iterator then reads no routed-expert tensor.
+    assert it["tp8-ep1"]["experts"] == 0 and it["tp8-ep2"]["experts"] == 0
+    # No files for TP 4: the full checkpoint is read as usual (3 layers x 8 experts x 3 x 3).
+    assert it["tp4-ep1"]["experts"] == 3 * 8 * 3 * 3
+    assert it["tp4-ep1"]["total"] - it["tp8-ep1"]["total"] == 3 * 8 * 3 * 3
+    # The MTP draft (model.decoder) maps to the checkpoint's layer N = num_hidden_layers.
+    assert plugin_check["draft_rank_files"] == {"layer": "model.layers.3.mlp.experts", "file": "ep0-tp3.safetensors"}
 
 
 def test_load_refuses_a_split_kq_inspect_would_refuse(plugin_check):
