@@ -231,8 +231,8 @@ def table(rows: list[dict], peer: str) -> str:
         mem = f"{r['peak_rss_anon_gb'] / base['peak_rss_anon_gb']:.2f}" if base and base["peak_rss_anon_gb"] else "-"
         proj = r["proj_756gb_min"]
         proj_s = f"{proj / 60:.1f} h" if proj >= 120 else f"{proj:.0f} min"
-        lines.append(f"| {r['run']} | {r['wall_s']:.1f} | {r['tool_s']:.1f} | {r['cpu_s']:.0f} | {r['gbps_tool']:.3f} | "
-                     f"{r['gbps_wall']:.3f} | {sp} | {spc} | {r['peak_rss_anon_gb']:.2f} | {mem} | "
+        lines.append(f"| {r['run']} | {r['wall_s']:.1f} | {r['tool_s']:.1f} | {r['cpu_s']:.0f} | {r['gbps_tool']:.3g} | "
+                     f"{r['gbps_wall']:.3g} | {sp} | {spc} | {r['peak_rss_anon_gb']:.2f} | {mem} | "
                      f"{r['output_bytes'] / 1e9:.3f} | {r['int4_tensors']} | {proj_s} |")
     return "\n".join(lines)
 
@@ -322,6 +322,7 @@ def main() -> None:
     info["table"] = text
     print("\n" + text, flush=True)
     if os.environ.get("OUT"):
+        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
         (Path(os.environ["OUT"]) / "rtn.json").write_text(json.dumps(info, indent=1))
     if not args.keep and not args.src:
         shutil.rmtree(src, ignore_errors=True)
