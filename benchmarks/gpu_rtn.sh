@@ -34,9 +34,16 @@ rm -rf "$SITE"
 { date -u; df -h "$(dirname "$WORK")" | tail -1; nproc; free -g | head -2
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null; } | tee "$OUT/machine.txt"
 # What the image brings that the peer depends on (datasets wants pyarrow >= 24, fsspec <= 2026.9).
-"$LLMC_PY" -c "import importlib.metadata as m
-print(', '.join(f'{n} {m.version(n)}' for n in ('torch','triton','transformers','pyarrow','fsspec','pandas','typing_extensions','huggingface_hub','safetensors')))" \
-  2>&1 | tee -a "$OUT/machine.txt"
+"$LLMC_PY" - <<'EOF' 2>&1 | tee -a "$OUT/machine.txt"
+import importlib.metadata as m
+def v(n):
+    try:
+        return m.version(n)
+    except m.PackageNotFoundError:
+        return "missing"
+print(", ".join(f"{n} {v(n)}" for n in ("torch", "triton", "transformers", "pyarrow", "fsspec", "pandas",
+                                        "typing_extensions", "huggingface_hub", "safetensors", "pydantic")))
+EOF
 # Preflight: if the peer cannot import here, still measure kq (and say why the peer is missing).
 if ! "$LLMC_PY" -c "from llmcompressor.entrypoints.model_free import model_free_ptq" > "$OUT/llmc_import.log" 2>&1; then
   echo "llm-compressor does not import here (tail of $OUT/llmc_import.log):"; tail -5 "$OUT/llmc_import.log"
