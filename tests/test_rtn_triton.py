@@ -13,7 +13,9 @@ SCRIPT = r"""
 import sys, torch
 sys.path.insert(0, "tests")
 if sys.argv[1] == "cpu":
-    import _triton_interpreter  # noqa: F401  (sets TRITON_INTERPRET=1 before triton loads)
+    import os
+    os.environ["TRITON_INTERPRET"] = "1"  # this whole process interprets its kernels
+    import _triton_interpreter  # noqa: F401  (numpy >= 2.4 shim for the interpreter)
 from kq.checkpoint.pack import pack_int4
 from kq.checkpoint.reader import dequantize_fp8
 from kq.quantize.rtn import quantize_rtn
