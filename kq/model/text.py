@@ -67,12 +67,14 @@ def tokenize(folder: str | Path, docs: list[str], eos_between: int | None = None
     return ids
 
 
-def windows(ids: list[int], seqs: int, seqlen: int, what: str = "text") -> torch.Tensor:
-    """The first seqs*seqlen tokens cut into seqs consecutive, non-overlapping windows [seqs, seqlen]."""
-    if seqs < 1 or seqlen < 2:
-        raise KqError(f"need at least 1 sequence of at least 2 tokens (got {seqs} x {seqlen})")
-    need = seqs * seqlen
+def windows(ids: list[int], seqs: int, seqlen: int, what: str = "text") -> tuple[torch.Tensor, torch.Tensor]:
+    """The first seqs*seqlen tokens cut into seqs consecutive windows, and each token's
+    successor: (inputs [seqs, seqlen], targets [seqs, seqlen]); needs seqs*seqlen+1 tokens."""
+    if seqs < 1 or seqlen < 1:
+        raise KqError(f"need at least 1 sequence of at least 1 token (got {seqs} x {seqlen})")
+    need = seqs * seqlen + 1
     if len(ids) < need:
-        raise KqError(f"the {what} has {len(ids)} tokens, fewer than the {seqs} x {seqlen} = {need} asked for; "
+        raise KqError(f"the {what} has {len(ids)} tokens, fewer than the {seqs} x {seqlen} + 1 = {need} needed; "
                       f"use fewer or shorter sequences")
-    return torch.tensor(ids[:need], dtype=torch.int64).view(seqs, seqlen)
+    t = torch.tensor(ids[:need], dtype=torch.int64)
+    return t[:-1].view(seqs, seqlen), t[1:].view(seqs, seqlen)

@@ -1,0 +1,58 @@
+"""`kq eval`: argument handling and the table; the work is in kq.eval.run."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from kq.errors import KqError
+
+
+def eval_cmd(
+    out: Path = typer.Argument(..., help="The quantized checkpoint folder (a kq output)."),
+    against: Path = typer.Option(..., "--against", help="The source checkpoint folder it was made from."),
+    text: Optional[Path] = typer.Option(None, "--text", help="Evaluation text: .txt or .jsonl (\"text\" field), "
+                                        "gz ok. Never the calibration text."),
+    seqs: int = typer.Option(48, "--seqs", help="Number of token windows."),
+    seqlen: int = typer.Option(256, "--seqlen", help="Tokens per window."),
+    batch: int = typer.Option(8, "--batch", help="Windows per forward call (memory vs speed)."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 (exact reference) or bfloat16 (half the memory)."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
+) -> None:
+    """KL(source||quantized) per token, top-1 agreement and perplexity of both, layer by layer.
+
+    Both models run one decoder layer at a time, side by side, so checkpoints larger than
+    memory can be evaluated. The result is also written to OUT/kq-eval.json.
+
+    Example:\n
+      kq eval ./GLM-5.2-INT4 --against ./GLM-5.2-FP8 --text eval.txt.gz
+    """
+    from kq.eval.run import evaluate
+
+    if text is None:
+        raise KqError("kq eval needs --text FILE (held-out text, .txt or .jsonl, gz ok)")
+    if device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            raise KqError("--device cuda: no CUDA GPU is visible")
+    elif device != "cpu":
+        raise KqError(f"--device {device}: use cpu or cuda")
+    if as_json:
+        rec = evaluate(out, against, text, seqs=seqs, seqlen=seqlen, batch=batch, dtype=dtype, device=device)
+        typer.echo(json.dumps(rec, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+    err = Console(stderr=True)
+    with err.status("layer 0") as status:
+        rec = evaluate(out, against, text, seqs=seqs, seqlen=seqlen, batch=batch, dtype=dtype, device=device,
+                       on_layer=lambda i, n: status.update(f"layer {i}/{n} of both models"))
+    t = Table(title=f"{out} vs {against}: {rec['seqs']} x {rec['seqlen']} tokens of {text.name}")
+    for col in ("KL (nats/token)", "top-1 agreement", "ppl source", "ppl quantized", "seconds"):
+        t.add_column(col, justify="right")
+    t.add_row(f"{rec['kl']:.4f}", f"{rec['top1'] * 100:.1f}%", f"{rec['ppl_source']:.2f}",
+              f"{rec['ppl_quantized']:.2f}", f"{rec['seconds']:.0f}")
+    Console().print(t)

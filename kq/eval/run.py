@@ -1,0 +1,54 @@
+"""`kq eval` as a function: open both checkpoints, tokenize the text, compare, record.
+
+The result is also written to OUT/kq-eval.json (the publish helper puts it on the
+model card), atomically, so a folder never holds half a result.
+"""
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from kq import __version__
+from kq.checkpoint.manifest import write_json_atomic
+from kq.checkpoint.reader import CheckpointReader
+from kq.errors import KqError
+from kq.eval.compare import compare
+from kq.model import LayerwiseModel
+from kq.model.text import read_documents, tokenize, windows
+
+EVAL_NAME = "kq-eval.json"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def eval_ids(folder: Path, text: Path, seqs: int, seqlen: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first seqs*seqlen tokens of the text (one token stream, no BOS added) as seqs
+    windows, and the token following each position."""
+    return windows(tokenize(folder, read_documents(text)), seqs, seqlen, what=str(text))
+
+
+def evaluate(out: Path, against: Path, text: Path, *, seqs: int = 48, seqlen: int = 256, batch: int = 8,
+             dtype: str = "float32", device: str = "cpu", write: bool = True,
+             on_layer: Callable[[int, int], None] | None = None) -> dict:
+    out, against = Path(out), Path(against)
+    if dtype not in DTYPES:
+        raise KqError(f"--dtype {dtype}: use float32 or bfloat16")
+    if out.resolve() == against.resolve():
+        raise KqError("--against names the same folder as the checkpoint to evaluate")
+    src = LayerwiseModel(CheckpointReader(against), dtype=DTYPES[dtype], device=device)
+    q = LayerwiseModel(CheckpointReader(out), dtype=DTYPES[dtype], device=device)
+    ids, targets = eval_ids(against, text, seqs, seqlen)
+    res = compare(src, q, ids, targets, batch=batch, on_layer=on_layer)
+    record = {
+        "kq_version": __version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "checkpoint": str(out), "source": str(against), "text": str(text), "dtype": dtype, "device": device,
+        "metric": "KL(source||quantized) nats/token, top-1 agreement and perplexity of the next token, "
+                  "over all seqs x seqlen positions",
+        **res.as_dict(),
+    }
+    if write:
+        write_json_atomic(out / EVAL_NAME, record)
+    return record
