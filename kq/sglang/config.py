@@ -10,7 +10,7 @@ Imports SGLang: load only inside an SGLang process (the plugin does).
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from sglang.srt.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsConfig
@@ -21,15 +21,10 @@ NAME = "kq"
 
 
 class KqConfig(CompressedTensorsConfig):
+    # from_config is inherited: CompressedTensorsConfig.from_config builds `cls(...)`.
+
     def get_name(self) -> str:
         return NAME
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "KqConfig":
-        base = CompressedTensorsConfig.from_config(config)
-        cfg = cls.__new__(cls)
-        cfg.__dict__.update(base.__dict__)
-        return cfg
 
     @classmethod
     def override_quantization_method(cls, hf_quant_cfg, user_quant) -> Optional[str]:

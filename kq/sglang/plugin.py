@@ -59,29 +59,61 @@ def _keep_glm4_shared_expert_apart() -> None:
 
 
 def _filter_weight_iterator() -> None:
+    """Wrap SGLang's two safetensors iterators (single-threaded, and the multi-threaded default)."""
     from sglang.srt.model_loader import loader, weight_utils
 
-    original = weight_utils.safetensors_weights_iterator
-    if getattr(original, "_kq_filtered", False):
-        return
+    for fn_name, threaded in (("safetensors_weights_iterator", False),
+                              ("buffered_multi_thread_safetensors_weights_iterator", True)):
+        original = getattr(weight_utils, fn_name)
+        if getattr(original, "_kq_filtered", False):
+            continue
+        wrapped = _wrap_iterator(original, threaded)
+        setattr(weight_utils, fn_name, wrapped)
+        setattr(loader, fn_name, wrapped)
 
+
+def _wrap_iterator(original, threaded: bool):
     @functools.wraps(original)
     def iterator(hf_weights_files, *args, **kwargs):
         from kq.sglang.rank_loader import skip_predicate
 
-        skip = skip_predicate(list(hf_weights_files))
-        if skip is None or args or any(kwargs.values()):
-            # No kq per-rank files (or a non-default reading mode): SGLang's own iterator.
-            yield from original(hf_weights_files, *args, **kwargs)
+        files = list(hf_weights_files)
+        skip = skip_predicate(files)
+        # No kq per-rank files, or a reading mode kq does not reproduce (no mmap, prefetch,
+        # cache dropping): SGLang's own iterator, unchanged.
+        if skip is None or args or any(kwargs.get(k) for k in ("disable_mmap", "prefetch", "drop_cache_after_load")):
+            yield from original(files, *args, **kwargs)
             return
-        from safetensors import safe_open
-
-        for path in hf_weights_files:
-            with safe_open(path, framework="pt", device="cpu") as f:
-                for name in f.keys():
-                    if not skip(name):  # decided before any byte of the tensor is read
-                        yield name, f.get_tensor(name)
+        workers = int(kwargs.get("max_workers") or 1) if threaded else 1
+        yield from _filtered(files, skip, workers)
 
     iterator._kq_filtered = True
-    weight_utils.safetensors_weights_iterator = iterator
-    loader.safetensors_weights_iterator = iterator
+    return iterator
+
+
+def _filtered(files, skip, workers: int):
+    """(name, tensor) of every tensor `skip` keeps, file by file in order; names are decided
+    before any byte of a tensor is read. With workers > 1, up to workers+1 files in flight
+    (SGLang's own bound for its threaded loader)."""
+    import collections
+    import concurrent.futures
+
+    from safetensors import safe_open
+
+    def load(path):
+        with safe_open(path, framework="pt", device="cpu") as f:
+            return [(n, f.get_tensor(n)) for n in f.keys() if not skip(n)]
+
+    if workers <= 1:
+        for path in files:
+            yield from load(path)
+        return
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as ex:
+        pending = collections.deque(ex.submit(load, p) for p in files[: workers + 1])
+        nxt = workers + 1
+        while pending:
+            items = pending.popleft().result()
+            if nxt < len(files):
+                pending.append(ex.submit(load, files[nxt]))
+                nxt += 1
+            yield from items

@@ -187,9 +187,21 @@ def _iterator_filter(folder: str) -> dict:
     res = {}
     for tp, ep in ((8, 1), (8, 2), (4, 1)):
         with get_parallel().override(tp_size=tp, attn_tp_size=tp, moe_tp_size=tp // ep, moe_ep_size=ep, moe_tp_rank=0, moe_ep_rank=0):
-            names = [n for n, _ in loader.safetensors_weights_iterator(files)]
-        res[f"tp{tp}-ep{ep}"] = {"total": len(names),
-                                 "experts": sum(".mlp.experts." in n and "_proj.weight_" in n for n in names)}
+            # Both of SGLang's iterators, called as its DefaultModelLoader calls them.
+            runs = {
+                "single": loader.safetensors_weights_iterator(
+                    files, disable_mmap=False, prefetch=False, prefetch_num_threads=4, drop_cache_after_load=False),
+                "threaded": loader.buffered_multi_thread_safetensors_weights_iterator(
+                    files, max_workers=8, disable_mmap=False, prefetch=False, prefetch_num_threads=4,
+                    drop_cache_after_load=False),
+            }
+            for kind, it in runs.items():
+                got = [(n, t) for n, t in it]
+                names = [n for n, _ in got]
+                res[f"tp{tp}-ep{ep}-{kind}"] = {
+                    "total": len(names), "unique": len(set(names)),
+                    "experts": sum(".mlp.experts." in n and "_proj.weight_" in n for n in names),
+                    "bytes": sum(t.numel() * t.element_size() for _, t in got)}
     return res
 
 

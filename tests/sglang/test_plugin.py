@@ -134,11 +134,16 @@ def test_tp_rank_loading_reassembles_exactly(plugin_check, layout):
 
 def test_rank_files_replace_the_checkpoints_expert_reads(plugin_check):
     it = plugin_check["iterator"]
-    # kq shard wrote tp8-ep1 and tp8-ep2: SGLang's iterator then reads no routed-expert tensor.
-    assert it["tp8-ep1"]["experts"] == 0 and it["tp8-ep2"]["experts"] == 0
-    # No files for TP 4: the full checkpoint is read as usual (3 layers x 8 experts x 3 x 3).
-    assert it["tp4-ep1"]["experts"] == 3 * 8 * 3 * 3
-    assert it["tp4-ep1"]["total"] - it["tp8-ep1"]["total"] == 3 * 8 * 3 * 3
+    n_expert_tensors = 3 * 8 * 3 * 3  # 3 MoE layers (incl. MTP) x 8 experts x gate/up/down x 3 tensors
+    for kind in ("single", "threaded"):  # SGLang's default loader is the threaded one
+        # kq shard wrote tp8-ep1 and tp8-ep2: SGLang's iterator then reads no routed-expert tensor.
+        assert it[f"tp8-ep1-{kind}"]["experts"] == 0 and it[f"tp8-ep2-{kind}"]["experts"] == 0
+        # No files for TP 4: the full checkpoint is read as usual, each tensor once.
+        full = it[f"tp4-ep1-{kind}"]
+        assert full["experts"] == n_expert_tensors and full["unique"] == full["total"]
+        assert full["total"] - it[f"tp8-ep1-{kind}"]["total"] == n_expert_tensors
+        assert it[f"tp8-ep1-{kind}"]["bytes"] < full["bytes"]
+    assert it["tp4-ep1-single"] == it["tp4-ep1-threaded"]
     # The MTP draft (model.decoder) maps to the checkpoint's layer N = num_hidden_layers.
     assert plugin_check["draft_rank_files"] == {"layer": "model.layers.3.mlp.experts", "file": "ep0-tp3.safetensors"}
 
