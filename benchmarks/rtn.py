@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import platform
@@ -137,9 +138,20 @@ def run_cmd(name: str, args, src: Path, out: Path, llmc_python: str) -> list[str
     return cmd + (["--observer", observer] if observer else [])
 
 
+@functools.cache
+def _load_memwatch():
+    """benchmarks/_memwatch.py by path: benchmarks/ stays off sys.path (see main)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_memwatch", HERE / "_memwatch.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def one_run(name: str, args, src: Path, src_bytes: int, llmc_python: str, logs: Path,
             timeout: float | None) -> dict:
-    from _memwatch import run_watched
+    run_watched = _load_memwatch().run_watched
 
     out = Path(args.work) / f"out-{name}"
     shutil.rmtree(out, ignore_errors=True)
@@ -263,14 +275,13 @@ def main() -> None:
     ap.add_argument("--observer", default=None)
     args = ap.parse_args()
 
+    # Python put benchmarks/ first on sys.path; transformers probes for a package named `kernels`
+    # (HF's kernel hub) and would import benchmarks/kernels.py instead.
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
     if args.peer_llmc:
-        # Python put benchmarks/ first on sys.path; transformers probes for a package named
-        # `kernels` and would import benchmarks/kernels.py instead.
-        sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
         peer_llmc(*args.peer_llmc, args.device, args.group, args.workers, args.observer)
         return
 
-    sys.path.insert(0, str(HERE))
     llmc_python = args.llmc_python or default_llmc_python()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
