@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the lent H200, from the repo root: benchmarks/rtn.py on full-size GLM-5.2 layer shapes, kq on cuda
 # beside llm-compressor 0.14's model_free_ptq on cuda, in one call. Table and JSON land in $OUT.
-#   carry: .whl-rtn   (git-ignored via .git/info/exclude; ~4 MB of Python 3.12 wheels that the image lacks:
+#   carry: .whl-rtn   (git-ignored via .git/info/exclude; 4.3 MB of Python 3.12 wheels that the image lacks:
 #          llmcompressor 0.14.0.1, compressed-tensors 0.19.0, loguru, pydantic + pydantic-core,
 #          annotated-types, typing-inspection, typing-extensions, and datasets + multiprocess + dill,
 #          which `import llmcompressor` pulls in through its dataset arguments)
@@ -9,6 +9,20 @@
 #        RUN_TIMEOUT_S (a run is killed after it),
 #        WORK (scratch folder on the local disk). KQ_BENCH_DRY=1 rehearses the logic on this CPU
 #        machine: tiny checkpoint, device cpu, .venv / .venv-llmc interpreters, wheels only unpacked.
+#
+# `bash benchmarks/gpu_rtn.sh --download` (here, with PyPI) fetches the wheels into .whl-rtn/. The set was
+# found by importing both tools (-X importtime) and checking each top-level package against the
+# image's package list (/work/.library/device/KINDS.md); versions are the ones .venv-llmc runs.
+WHEELS="llmcompressor==0.14.0.1 compressed-tensors==0.19.0 loguru==0.7.3 pydantic==2.14.4 pydantic-core==2.50.5
+  annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 datasets==5.2.0 multiprocess==0.70.19
+  dill==0.4.1"
+if [ "$1" = --download ]; then
+  mkdir -p .whl-rtn
+  grep -qx '/.whl-rtn/' .git/info/exclude 2>/dev/null || echo '/.whl-rtn/' >> .git/info/exclude
+  exec python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d .whl-rtn $WHEELS
+fi
 set -o pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
