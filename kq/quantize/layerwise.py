@@ -1,0 +1,365 @@
+"""GPTQ of the routed experts, one decoder layer at a time, straight from the FP8 source.
+
+Per decoder layer i (hidden states of all calibration windows held between layers):
+ 1. load layer i from the source (dequantized), run the windows up to the MoE block and
+    keep its inputs X [T, H] (a pre-hook stops the forward there);
+ 2. route X with the layer's own router (correction bias for selection only, group-limited
+    top-k, norm_topk_prob, routed_scaling_factor: transformers' module does all of it);
+ 3. per expert: Hessian of gate/up from X (policy below), GPTQ gate+up together (same
+    inputs, rows independent), then the down projection's Hessian from the *quantized*
+    gate/up's activations, GPTQ down; experts of a layer are solved together in chunks;
+ 4. put the dequantized INT4 experts into the layer and run the windows through the
+    whole layer: these outputs (quantization errors included) feed layer i+1.
+After each layer the packed results and the next layer's inputs are written atomically
+to the work folder, so a run killed anywhere resumes at the last finished layer and
+ends with the same bytes.
+
+MoE calibration policy (docs/eval-gptq.md has the measurements):
+  routed (default): an expert's Hessians use only the tokens the router sends to it,
+    i.e. the inputs it sees at serve time. An expert with fewer than `min_tokens`
+    routed tokens is under-calibrated: it falls back to kq's RTN (MSE clipping) and is
+    listed in the run summary.
+  all: every token through every expert (the gate/up Hessian is one X^T X shared by all
+    experts of the layer); only routed outputs are kept for propagation.
+"""
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from kq.checkpoint.pack import pack_int4
+from kq.errors import KqError
+from kq.model import LayerwiseModel
+from kq.quantize.gptq import gptq_quantize
+from kq.quantize.rtn import quantize_rtn
+
+STATE = "state.json"
+
+
+@dataclass(frozen=True)
+class GptqConfig:
+    group: int = 128
+    policy: str = "routed"      # routed | weighted | all
+    clip: str = "mse"           # scale choice inside GPTQ: mse | absmax
+    damp: float = 0.01          # fraction of the mean Hessian diagonal added to it
+    block: int = 128            # GPTQ lazy-update block (columns)
+    min_tokens: int = 32        # routed tokens below which an expert falls back to RTN
+    expert_chunk: int = 16      # experts solved together (memory: chunk x in^2 x 4 bytes)
+    batch: int = 8              # calibration windows per forward call
+
+    def __post_init__(self):
+        if self.policy not in ("routed", "weighted", "all"):
+            raise KqError(f"GPTQ policy {self.policy!r}: use routed, weighted or all")
+        if self.clip not in ("mse", "absmax"):
+            raise KqError(f"GPTQ clip {self.clip!r}: use mse or absmax")
+        if self.block % self.group:
+            raise KqError(f"GPTQ block {self.block} must be a multiple of the group size {self.group}")
+
+
+class _Stop(Exception):
+    pass
+
+
+def _moe_inputs(model: LayerwiseModel, layer, hidden: list[torch.Tensor], carry: list) -> torch.Tensor:
+    """The MoE block's input for every calibration token: [T, H] float32."""
+    xs = []
+
+    def hook(_mod, args):
+        xs.append(args[0].reshape(-1, args[0].shape[-1]).float())
+        raise _Stop
+
+    h = layer.mlp.register_forward_pre_hook(hook)
+    try:
+        for b in range(len(hidden)):
+            try:
+                model.forward_layer(layer, hidden[b], carry[b])
+            except _Stop:
+                pass
+    finally:
+        h.remove()
+    return torch.cat(xs)
+
+
+def _act(layer):
+    return layer.mlp.experts.act_fn
+
+
+@torch.no_grad()
+def quantize_experts(layer, X: torch.Tensor, cfg: GptqConfig) -> tuple[dict, dict]:
+    """GPTQ of one MoE layer's routed experts from its inputs X [T, H].
+
+    -> ({expert: (q_gate_up int8 [2I, H], s_gate_up bf16, q_down int8 [H, I], s_down bf16)},
+        {"tokens": [per-expert routed token counts], "rtn_fallback": [experts]})
+    """
+    experts = layer.mlp.experts
+    Wgu, Wd = experts.gate_up_proj.data.float(), experts.down_proj.data.float()   # [E, 2I, H], [E, H, I]
+    E, two_i, _ = Wgu.shape
+    inter = two_i // 2
+    act = _act(layer)
+    _, topw, topi = layer.mlp.gate(X)                                             # [T, k] each
+    weight = torch.zeros(E, X.shape[0], dtype=torch.float32, device=X.device)    # [E, T] routing weights
+    tok = torch.arange(X.shape[0], device=X.device)
+    for k in range(topi.shape[1]):
+        weight[topi[:, k].long(), tok] = topw[:, k].float()
+    routed = weight > 0
+    counts = routed.sum(1).tolist()
+    shared_h = (X.T @ X)[None] if cfg.policy == "all" else None                 # [1, H, H]
+    out, fallback = {}, []
+    for c0 in range(0, E, cfg.expert_chunk):
+        ids = list(range(c0, min(c0 + cfg.expert_chunk, E)))
+        sel = [e for e in ids if cfg.policy == "all" or counts[e] >= cfg.min_tokens]
+        for e in ids:
+            if e not in sel:
+                fallback.append(e)
+                qg, sg = quantize_rtn(Wgu[e], cfg.group, "mse")
+                qd, sd = quantize_rtn(Wd[e], cfg.group, "mse")
+                out[e] = (qg, sg, qd, sd)
+        if not sel:
+            continue
+        xs = [X if cfg.policy == "all" else X[routed[e]] for e in sel]
+        # weighted: a token's error reaches the layer output scaled by its routing weight r,
+        # so its squared error counts r^2 times: H = sum r^2 x x^T.
+        rs = [weight[e][routed[e]][:, None] if cfg.policy == "weighted" else None for e in sel]
+        Hgu = shared_h if shared_h is not None else torch.stack([_gram(x, r) for x, r in zip(xs, rs)])
+        qgu, sgu = gptq_quantize(Wgu[sel], Hgu, cfg.group, clip=cfg.clip, damp=cfg.damp, block=cfg.block)
+        del Hgu
+        # The down projection sees the activations of the quantized gate/up (sequential within the expert).
+        Hd = []
+        for j, x in enumerate(xs):
+            wq = (qgu[j].float().view(two_i, -1, cfg.group) * sgu[j].float()[..., None]).view(two_i, -1)
+            g, u = (x @ wq.T).split(inter, dim=-1)
+            a = act(g) * u                                                        # [T_e, I]
+            Hd.append(_gram(a, rs[j]))
+        qd, sd = gptq_quantize(Wd[sel], torch.stack(Hd), cfg.group, clip=cfg.clip, damp=cfg.damp, block=cfg.block)
+        del Hd
+        for j, e in enumerate(sel):
+            out[e] = (qgu[j], sgu[j], qd[j], sd[j])
+    return out, {"tokens": counts, "rtn_fallback": fallback}
+
+
+def _gram(x: torch.Tensor, r: torch.Tensor | None) -> torch.Tensor:
+    """x^T x, or (r x)^T (r x) with per-token weights r [T, 1]."""
+    if r is not None:
+        x = x * r
+    return x.T @ x
+
+
+def _dequant(q: torch.Tensor, s: torch.Tensor, group: int) -> torch.Tensor:
+    o, n = q.shape
+    return (q.float().view(o, n // group, group) * s.float()[..., None]).view(o, n)
+
+
+def _set_experts(layer, res: dict, group: int) -> None:
+    ex = layer.mlp.experts
+    for e, (qg, sg, qd, sd) in res.items():
+        ex.gate_up_proj.data[e] = _dequant(qg, sg, group).to(ex.gate_up_proj.dtype)
+        ex.down_proj.data[e] = _dequant(qd, sd, group).to(ex.down_proj.dtype)
+
+
+def _names(prefix: str, e: int) -> dict[str, str]:
+    return {p: f"{prefix}mlp.experts.{e}.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")}
+
+
+def _packed_tensors(prefix: str, res: dict) -> dict[str, torch.Tensor]:
+    """Per expert weight name: `.packed` int32 [out, in/8] and `.scale` bf16 [out, in/group]."""
+    t = {}
+    for e, (qg, sg, qd, sd) in sorted(res.items()):
+        n = _names(prefix, e)
+        inter = qg.shape[0] // 2
+        for name, q, s in ((n["gate_proj"], qg[:inter], sg[:inter]), (n["up_proj"], qg[inter:], sg[inter:]),
+                           (n["down_proj"], qd, sd)):
+            t[name + ".packed"] = pack_int4(q.contiguous()).cpu()
+            t[name + ".scale"] = s.contiguous().to(torch.bfloat16).cpu()
+    return t
+
+
+def _atomic_save(tensors: dict, path: Path, metadata: dict | None = None) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata=metadata)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _atomic_json(data, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _save_acts(path: Path, hidden: list, carry: list) -> None:
+    t = {f"h.{b}": h.contiguous().cpu() for b, h in enumerate(hidden)}
+    t.update({f"c.{b}": c.contiguous().cpu() for b, c in enumerate(carry) if c is not None})
+    _atomic_save(t, path)
+
+
+def _acts(work_dir: Path, i: int) -> Path:
+    return work_dir / f"acts-{i:04d}.safetensors"
+
+
+def _load_acts(path: Path, n: int, device) -> tuple[list, list]:
+    t = load_file(str(path))
+    return ([t[f"h.{b}"].to(device) for b in range(n)], [t[f"c.{b}"].to(device) if f"c.{b}" in t else None
+                                                         for b in range(n)])
+
+
+def fingerprint(model: LayerwiseModel, ids: torch.Tensor, cfg: GptqConfig) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps(model.reader.config, sort_keys=True).encode())
+    h.update(json.dumps(asdict(cfg), sort_keys=True).encode())
+    h.update(ids.numpy().tobytes())
+    h.update(str(model.dtype).encode())
+    return h.hexdigest()[:16]
+
+
+def gptq_quantize_layers(model: LayerwiseModel, calib_ids: torch.Tensor, cfg: GptqConfig, work_dir: Path, *,
+                         on_layer: Callable[[int, int, dict], None] | None = None,
+                         ) -> Iterator[tuple[int, Path, dict]]:
+    """Quantize every MoE decoder layer; yields (layer index, results file, stats) in order.
+
+    The results file holds `<expert weight name>.packed` (int32) and `.scale` (bf16)
+    for every routed expert of the layer. Work state in `work_dir`:
+      state.json                     {"fingerprint", "next_layer", "stats"}
+      acts-<i>.safetensors           inputs of layer i = next_layer for all windows
+      layer-<i>.safetensors          results of finished layers
+    """
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    fp = fingerprint(model, calib_ids, cfg)
+    state_path = work_dir / STATE
+    chunks = list(calib_ids.split(cfg.batch))
+    state = json.loads(state_path.read_text()) if state_path.exists() else None
+    if state is not None and state.get("fingerprint") != fp:
+        raise KqError(f"{work_dir} holds an unfinished GPTQ run with other calibration data or options; "
+                      "rerun with those, or delete the output folder")
+    if state is None:
+        hidden = [model.embed(c) for c in chunks]
+        carry: list = [None] * len(chunks)
+        state = {"fingerprint": fp, "next_layer": 0, "stats": {}}
+        _save_acts(_acts(work_dir, 0), hidden, carry)
+        _atomic_json(state, state_path)
+    else:
+        hidden, carry = _load_acts(_acts(work_dir, state["next_layer"]), len(chunks), model.device)
+    for i in range(model.num_layers):
+        f = work_dir / f"layer-{i:04d}.safetensors"
+        if i < state["next_layer"]:
+            yield i, f, state["stats"].get(str(i), {})
+            continue
+        layer = model.load_layer(i)
+        stats: dict = {}
+        res: dict = {}
+        if hasattr(layer.mlp, "experts"):
+            X = _moe_inputs(model, layer, hidden, carry)
+            res, stats = quantize_experts(layer, X, cfg)
+            del X
+            _set_experts(layer, res, cfg.group)
+        for b in range(len(hidden)):
+            hidden[b], carry[b] = model.forward_layer(layer, hidden[b], carry[b])
+        del layer
+        gc.collect()
+        # Results and the next inputs first, then the state that points at them, then
+        # the old inputs go: killed between any two steps, the state names complete files.
+        _atomic_save(_packed_tensors(model.layer_prefix(i), res), f)
+        _save_acts(_acts(work_dir, i + 1), hidden, carry)
+        state["next_layer"] = i + 1
+        state["stats"][str(i)] = stats
+        _atomic_json(state, state_path)
+        _acts(work_dir, i).unlink(missing_ok=True)
+        if on_layer:
+            on_layer(i + 1, model.num_layers, stats)
+        yield i, f, stats
+
+
+# -- the quantize run's hook ---------------------------------------------------------------
+
+GPTQ_DIR = "gptq"
+
+
+def reader_for(source):
+    """A CheckpointReader over a Source's shards (a Hub source downloads them here)."""
+    from kq.checkpoint.reader import CheckpointReader
+    folder = getattr(source, "folder", None)
+    if folder is None:
+        paths = {source.shard_path(s) for s in source.index.shards}
+        parents = {p.parent for p in paths}
+        if len(parents) != 1:
+            raise KqError("GPTQ needs the source's shards in one folder; download the checkpoint first")
+        folder = parents.pop()
+        for name in ("config.json", "tokenizer.json"):
+            if not (folder / name).exists():
+                raise KqError(f"GPTQ needs {name} beside the shards in {folder}; download the checkpoint first")
+    return CheckpointReader(folder, index=source.index)
+
+
+def gptq_expert_codes(source, plan, out: Path, *, calib: str, samples: int, seqlen: int,
+                      device: torch.device, cfg: GptqConfig | None = None, on_layer=None):
+    """The `expert_codes(name, w, scale) -> (weight_packed, weight_scale, weight_shape)` that
+    `kq.quantize.run.run_quantize` calls for each routed-expert weight, backed by GPTQ.
+
+    Checks and tokenizes the calibration data now (before the long part, nothing written);
+    the layer-wise GPTQ pass itself runs (or resumes) on the first call, i.e. after
+    run_quantize has claimed the output folder, into OUT/.kq-work/gptq; run_quantize
+    removes that folder when the checkpoint is finished. Weights of layers the causal
+    forward never runs (the MTP layer) get kq's RTN with MSE clipping: calibrating a
+    speculative-draft layer needs the draft's own forward, and its experts only affect
+    acceptance rates. `expert_codes.summary` holds the run's calibration summary.
+    """
+    from kq.checkpoint.manifest import WORK_DIR
+    from kq.quantize.calibration import calibration_ids
+    from kq.quantize.experts import dequantize_source, pack_parts
+    from kq.recipes import expert_match
+
+    out = Path(out)
+    cfg = cfg or GptqConfig(group=plan.group_size)
+    if cfg.group != plan.group_size:
+        raise KqError(f"GPTQ group {cfg.group} differs from the plan's {plan.group_size}")
+    reader = reader_for(source)
+    model = LayerwiseModel(reader, device=device)   # refuses families kq cannot run
+    ids = calibration_ids(reader.folder, reader.config, calib, samples, seqlen)
+    files: dict[int, Path] = {}
+    handles: dict[int, object] = {}
+    summary = {"calibration_tokens": int(ids.numel()), "policy": cfg.policy, "under_calibrated": {}}
+
+    def run_pass() -> None:
+        work = out / WORK_DIR / GPTQ_DIR
+        for i, f, stats in gptq_quantize_layers(model, ids, cfg, work, on_layer=on_layer):
+            files[i] = f
+            if stats.get("rtn_fallback"):
+                summary["under_calibrated"][str(i)] = stats["rtn_fallback"]
+        _json_safe_write(work / "summary.json", summary)
+
+    def expert_codes(name, w, scale):
+        if not files:
+            run_pass()
+        m = expert_match(name)
+        layer = int(m.group("layer")) if m else -1
+        if layer not in files:  # the MTP layer (never run by the causal forward): RTN
+            wf = dequantize_source(w, scale, device)
+            q, s = quantize_rtn(wf, plan.group_size, "mse")
+            return pack_parts(q, s, wf.shape)
+        if layer not in handles:  # mmap'd: only the tensors asked for are read
+            handles[layer] = safe_open(str(files[layer]), framework="pt")
+        t = handles[layer]
+        if name + ".packed" not in t.keys():
+            raise KqError(f"GPTQ results for layer {layer} have no {name}")
+        packed, s = t.get_tensor(name + ".packed"), t.get_tensor(name + ".scale")
+        return packed, s, torch.tensor([packed.shape[0], packed.shape[1] * 8], dtype=torch.int64)
+
+    expert_codes.summary = summary
+    return expert_codes
+
+
+def _json_safe_write(path: Path, data) -> None:
+    _atomic_json(json.loads(json.dumps(data, default=str)), path)
