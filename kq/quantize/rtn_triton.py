@@ -16,7 +16,7 @@ from kq.quantize.rtn import ABSMAX_DIVISOR, MSE_DIVISORS
 
 ROWS = 16
 COLS = 128  # one FP8 block column: a tile never straddles two block scales
-_MAGIC = 12582912.0  # 1.5 * 2**23: x + M - M rounds to nearest-even for |x| < 2**22
+_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: x + M - M rounds to nearest-even for |x| < 2**22
 
 
 @triton.jit
