@@ -1,0 +1,164 @@
+"""GPTQ layer by layer: what it buys over RTN, the fallback, resume after a crash, memory."""
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from kq.checkpoint.reader import CheckpointReader
+from kq.errors import KqError
+from kq.model import LayerwiseModel
+from kq.quantize.calibration import calibration_ids
+from kq.quantize.layerwise import GptqConfig, _moe_inputs, quantize_experts
+from kq.quantize.rtn import quantize_rtn
+from kq_testutil import SHARED, SMALL_GLM5, TINY_MODEL, run_kq
+
+CALIB = SHARED / "data" / "calibration_text.txt.gz"
+
+
+def _deq(q, s, g):
+    o, n = q.shape
+    return (q.float().view(o, n // g, g) * s.float()[..., None]).view(o, n)
+
+
+@pytest.fixture(scope="module")
+def tiny_layer1():
+    """The trained tiny model's first MoE layer and its inputs from 8 x 256 calibration tokens."""
+    r = CheckpointReader(TINY_MODEL)
+    m = LayerwiseModel(r)
+    ids = calibration_ids(TINY_MODEL, r.config, CALIB, 8, 256)
+    h, c = [m.embed(ids)], [None]
+    h[0], c[0] = m.forward_layer(m.load_layer(0), h[0], c[0])
+    layer = m.load_layer(1)
+    return layer, _moe_inputs(m, layer, h, c)
+
+
+def test_gptq_lowers_each_experts_output_error_on_the_trained_model(tiny_layer1):
+    layer, X = tiny_layer1
+    res, stats = quantize_experts(layer, X, GptqConfig(group=32, min_tokens=64))
+    _, _, topi = layer.mlp.gate(X)
+    Wgu = layer.mlp.experts.gate_up_proj.data
+    better = 0
+    checked = [e for e in range(Wgu.shape[0]) if e not in stats["rtn_fallback"]]
+    assert len(checked) >= 8
+    for e in checked:
+        xe = X[(topi == e).any(-1)]                                       # the tokens routed to e
+        qg, sg, _, _ = res[e]
+        qr, sr = quantize_rtn(Wgu[e], 32, "mse")
+        err_gptq = (xe @ (Wgu[e] - _deq(qg, sg, 32)).T).square().sum()
+        err_rtn = (xe @ (Wgu[e] - _deq(qr, sr, 32)).T).square().sum()
+        better += bool(err_gptq < 0.9 * err_rtn)
+    assert better == len(checked)
+
+
+def test_under_calibrated_experts_fall_back_to_rtn(tiny_layer1):
+    layer, X = tiny_layer1
+    res, stats = quantize_experts(layer, X, GptqConfig(group=32, min_tokens=10 ** 9))
+    assert stats["rtn_fallback"] == list(range(16)) and sum(stats["tokens"]) == X.shape[0] * 4
+    qg, sg, qd, sd = res[3]
+    q, s = quantize_rtn(layer.mlp.experts.down_proj.data[3], 32, "mse")
+    assert torch.equal(qd, q) and torch.equal(sd, s)
+
+
+def test_calibration_windows_cover_the_whole_text(tmp_path):
+    src = tmp_path / "ids.jsonl.gz"
+    with gzip.open(src, "wt") as f:
+        for d in range(10):
+            f.write(json.dumps({"input_ids": list(range(d * 100 + 2, d * 100 + 90))}) + "\n")
+    cfg = {"eos_token_id": 1, "vocab_size": 4096, "max_position_embeddings": 64}
+    ids = calibration_ids(tmp_path, cfg, src, 5, 16)
+    stream = []
+    for d in range(10):
+        stream += ([1] if d else []) + list(range(d * 100 + 2, d * 100 + 90))
+    assert ids[0].tolist() == stream[:16] and ids[-1].tolist() == stream[-16:]   # first and last window
+    with pytest.raises(KqError, match="fewer than"):
+        calibration_ids(tmp_path, cfg, src, 1000, 16)
+    with pytest.raises(KqError, match="max_position_embeddings"):
+        calibration_ids(tmp_path, cfg, src, 2, 128)
+
+
+def _calib(tmp_path):
+    words = "in the beginning was the word and the word was with god said the preacher".split()
+    g = torch.Generator().manual_seed(0)
+    p = tmp_path / "calib.txt"
+    p.write_text(" ".join(words[int(i)] for i in torch.randint(0, len(words), (4000,), generator=g)))
+    return p
+
+
+GPTQ_ARGS = ["--method", "gptq", "--calib-samples", "8", "--calib-seqlen", "64", "--group-size", "32",
+             "--device", "cpu"]
+
+KILLER = textwrap.dedent("""
+    import os, signal, sys, torch
+    from pathlib import Path
+    from kq.checkpoint.source import open_source
+    from kq.quantize.plan import make_plan
+    from kq.quantize.run import Options, run_quantize
+    from kq.quantize.layerwise import gptq_expert_codes
+    src, out, calib, kill_after = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    source = open_source(src)
+    plan = make_plan(source, group_size=32)
+    def on_layer(done, total, stats):
+        if done == kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+    codes = gptq_expert_codes(source, plan, out, calib=calib, samples=8, seqlen=64, device=torch.device("cpu"),
+                              on_layer=on_layer)
+    run_quantize(source, plan, out, Options(method="gptq", group_size=32), device=torch.device("cpu"),
+                 expert_codes=codes)
+""")
+
+
+def _files(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def gptq_reference(tmp_path_factory, small_glm5):
+    d = tmp_path_factory.mktemp("gptq")
+    calib = _calib(d)
+    out = d / "ref"
+    r = run_kq("quantize", small_glm5, "--out", out, "--calib", calib, *GPTQ_ARGS)
+    assert r.returncode == 0, r.stderr
+    return calib, out
+
+
+@pytest.mark.parametrize("kill_after", [1, 2, 3])
+def test_crash_at_a_layer_boundary_then_resume_is_byte_identical(tmp_path, small_glm5, gptq_reference, kill_after):
+    calib, ref = gptq_reference
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-c", KILLER, str(small_glm5), str(out), str(calib), str(kill_after)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == -9, r.stderr
+    state = json.loads((out / ".kq-work" / "gptq" / "state.json").read_text())
+    assert state["next_layer"] == kill_after
+    r = run_kq("quantize", small_glm5, "--out", out, "--calib", calib, *GPTQ_ARGS)
+    assert r.returncode == 0, r.stderr
+    want, got = _files(ref), _files(out)
+    want.pop("kq-manifest.json"), got.pop("kq-manifest.json")   # holds the creation time
+    assert got.keys() == want.keys()
+    assert all(got[k] == want[k] for k in want), [k for k in want if got[k] != want[k]]
+
+
+def test_gptq_output_differs_from_rtn_and_verifies(small_glm5, small_glm5_out, gptq_reference):
+    _, ref = gptq_reference
+    assert run_kq("verify", ref).returncode == 0
+    a, b = _files(ref), _files(small_glm5_out)
+    shard = "model-00002-of-00003.safetensors"
+    assert a[shard] != b[shard]   # same layout, other codes
+
+
+def test_other_calibration_refuses_to_resume(tmp_path, small_glm5):
+    calib = _calib(tmp_path)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-c", KILLER, str(small_glm5), str(out), str(calib), "1"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == -9
+    other = tmp_path / "other.txt"
+    other.write_text(calib.read_text()[::-1])
+    r = run_kq("quantize", small_glm5, "--out", out, "--calib", other, *GPTQ_ARGS)
+    assert r.returncode == 2 and "other calibration" in r.stderr, r.stderr
