@@ -16,7 +16,7 @@ class ShardProgress:
                           TransferSpeedColumn(), TimeRemainingColumn(), console=stderr,
                           disable=not enabled, transient=False)
         self.total = self.p.add_task(f"all {n_shards} shards", total=total_bytes)
-        self.shard = None
+        self.shards: dict[str, int] = {}
 
     def __enter__(self):
         self.p.__enter__()
@@ -26,16 +26,16 @@ class ShardProgress:
         self.p.__exit__(*a)
 
     def start_shard(self, name: str, total_bytes: int) -> None:
-        self.shard = self.p.add_task(f"  {name}", total=total_bytes)
+        self.shards[name] = self.p.add_task(f"  {name}", total=total_bytes)
 
-    def advance(self, nbytes: int) -> None:
+    def advance(self, shard: str, nbytes: int) -> None:
         self.p.advance(self.total, nbytes)
-        if self.shard is not None:
-            self.p.advance(self.shard, nbytes)
+        if shard in self.shards:
+            self.p.advance(self.shards[shard], nbytes)
 
     def end_shard(self, name: str, skipped: bool) -> None:
-        if self.shard is not None:
-            self.p.remove_task(self.shard)
-            self.shard = None
+        task = self.shards.pop(name, None)
+        if task is not None:
+            self.p.remove_task(task)
         if skipped:
             self.p.console.print(f"  {name}: already written, skipped (resume)")

@@ -32,6 +32,8 @@ def quantize(
     staging: Optional[Path] = typer.Option(None, "--staging", help="Where Hub shards are downloaded (default: OUT/.kq-work/download)."),
     revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit)."),
     device: str = typer.Option("auto", "--device", help="auto (GPU when present), cuda or cpu. Same output bytes per device type."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Output shards written at once. Default: 4 on a GPU, 1 on the CPU. "
+                                       "Memory grows with it (a few expert tensors per job)."),
     as_json: bool = typer.Option(False, "--json", help="Print a machine-readable summary on stdout (progress stays on stderr)."),
 ) -> None:
     """Quantize the routed experts of an FP8 MoE checkpoint to group-wise INT4; every other tensor is kept byte for byte.
@@ -59,8 +61,10 @@ def quantize(
     staging = staging or (out / ".kq-work" / "download")
     source = open_any(src, staging=staging, stream=stream, revision=revision)
     plan = make_plan(source, group_size=group_size, tp=tp, ep=ep)
-    opts = Options(method=method, group_size=plan.group_size, clip=clip, stream=stream)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device)
+    require(jobs is None or jobs >= 1, f"--jobs {jobs}: use 1 or more")
+    opts = Options(method=method, group_size=plan.group_size, clip=clip, stream=stream,
+                   jobs=jobs or (4 if dev.type == "cuda" else 1))
     codes = None
     if method == "gptq":
         from kq.quantize.layerwise import gptq_expert_codes

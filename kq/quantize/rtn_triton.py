@@ -50,14 +50,14 @@ def _rtn_kernel(w_ptr, bs_ptr, q_ptr, s_ptr, n_out, n_in, bs_cols,
     best_e = tl.full((ROWS, COLS // G), float("inf"), dtype=tl.float32)
     for i in tl.static_range(N_DIVS):
         d = tl.load(divs_ptr + i)
-        s = _bf16_round(amax / d)
-        q = tl.minimum(tl.maximum((wg / s[:, :, None] + _MAGIC) - _MAGIC, -8.0), 7.0)
+        s = _bf16_round(tl.math.div_rn(amax, d))  # IEEE division, as torch computes it
+        q = tl.minimum(tl.maximum((tl.math.div_rn(wg, s[:, :, None]) + _MAGIC) - _MAGIC, -8.0), 7.0)
         r = q * s[:, :, None] - wg
         e = tl.sum(r * r, axis=2)
         better = e < best_e
         best_s = tl.where(better, s, best_s)
         best_e = tl.where(better, e, best_e)
-    q = tl.minimum(tl.maximum((wg / best_s[:, :, None] + _MAGIC) - _MAGIC, -8.0), 7.0)
+    q = tl.minimum(tl.maximum((tl.math.div_rn(wg, best_s[:, :, None]) + _MAGIC) - _MAGIC, -8.0), 7.0)
     nib = (tl.reshape(q, (ROWS, COLS)).to(tl.int32) + 8)           # [R, C] in [0, 15]
     nib3 = tl.reshape(nib, (ROWS, COLS // 8, 8))
     shifts = (tl.arange(0, 8) * 4)[None, None, :]

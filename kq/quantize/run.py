@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +39,7 @@ PREFETCH = 4  # expert tensors read ahead of the quantizer (and written behind i
 
 class Progress(Protocol):
     def start_shard(self, name: str, total_bytes: int) -> None: ...
-    def advance(self, nbytes: int) -> None: ...
+    def advance(self, shard: str, nbytes: int) -> None: ...
     def end_shard(self, name: str, skipped: bool) -> None: ...
 
 
@@ -48,6 +49,7 @@ class Options:
     group_size: int = 128
     clip: str = "mse"            # mse | absmax (RTN)
     stream: bool = False
+    jobs: int = 1                # output shards written at once (not part of the result)
 
     def fingerprint(self, source: Source) -> str:
         """What must match for an existing folder to count as 'this same run'."""
@@ -153,27 +155,39 @@ def run_quantize(source: Source, plan: Plan, out: Path, opts: Options, *,
     for s in pending:
         for n in s.needs:
             uses[n] = uses.get(n, 0) + 1
-    for sp in plan.shards:
-        if sp not in pending:
-            if progress:
-                progress.end_shard(sp.name, True)
-            continue
+    lock = threading.Lock()  # state.json, the use counts and the callbacks are shared by the jobs
+
+    def one(sp):
         if progress:
             progress.start_shard(sp.name, sp.nbytes)
         paths = {n: source.shard_path(n) for n in sp.needs}
         for n, p in paths.items():
             read_header(p)  # a Hub download could be truncated: check before writing anything
         sha, size = _write_shard(source, sp, out / sp.name, paths, expert_codes, progress, device)
-        state["shards"][sp.name] = {"sha256": sha, "size": size}
-        write_json_atomic(state_path, state)
-        if progress:
-            progress.end_shard(sp.name, False)
-        for n in sp.needs:
-            uses[n] -= 1
-            if uses[n] == 0:
-                source.release(n)
-        if after_shard:
-            after_shard(sp.name)
+        with lock:
+            state["shards"][sp.name] = {"sha256": sha, "size": size}
+            write_json_atomic(state_path, state)
+            if progress:
+                progress.end_shard(sp.name, False)
+            for n in sp.needs:
+                uses[n] -= 1
+                if uses[n] == 0:
+                    source.release(n)
+            if after_shard:
+                after_shard(sp.name)
+
+    for sp in plan.shards:
+        if sp not in pending and progress:
+            progress.end_shard(sp.name, True)
+    if opts.jobs <= 1:
+        for sp in pending:
+            one(sp)
+    else:
+        # Output shards are independent: several at once keep the disk, the hashing and the
+        # GPU busy together (each job is itself pipelined, see _write_shard).
+        with ThreadPoolExecutor(max_workers=opts.jobs, thread_name_prefix="kq-shard") as ex:
+            for f in [ex.submit(one, sp) for sp in pending]:
+                f.result()
     return finish(source, plan, out, opts, fp, state, time.time() - t0)
 
 
@@ -230,7 +244,7 @@ def _write_shard(source: Source, sp, final: Path, paths: dict, expert_codes: Exp
                 entry = source.headers[wm[t.src]][t.src]
                 writes.append(wpool.submit(writer.copy_from, t.name, paths[wm[t.src]], entry))
                 if progress:
-                    progress.advance(entry.nbytes)
+                    progress.advance(sp.name, entry.nbytes)
                 continue
             if t.src not in parts:
                 w, scale = pending.pop(t.src).result()
@@ -239,7 +253,7 @@ def _write_shard(source: Source, sp, final: Path, paths: dict, expert_codes: Exp
                     nxt += 1
                 parts[t.src] = expert_codes(t.src, w, scale)
                 if progress:
-                    progress.advance(source.headers[wm[t.src]][t.src].nbytes)
+                    progress.advance(sp.name, source.headers[wm[t.src]][t.src].nbytes)
             part = parts[t.src][("packed", "scale", "shape").index(t.action)]
             writes.append(wpool.submit(writer.write, t.name, part))
             if t.action == "shape":
