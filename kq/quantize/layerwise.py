@@ -101,7 +101,7 @@ def quantize_experts(layer, X: torch.Tensor, cfg: GptqConfig) -> tuple[dict, dic
         {"tokens": [per-expert routed token counts], "rtn_fallback": [experts]})
     """
     experts = layer.mlp.experts
-    Wgu, Wd = experts.gate_up_proj.data.float(), experts.down_proj.data.float()   # [E, 2I, H], [E, H, I]
+    Wgu, Wd = experts.gate_up_proj.data, experts.down_proj.data    # [E, 2I, H], [E, H, I]; float32 per chunk
     E, two_i, _ = Wgu.shape
     inter = two_i // 2
     act = _act(layer)
@@ -120,8 +120,8 @@ def quantize_experts(layer, X: torch.Tensor, cfg: GptqConfig) -> tuple[dict, dic
         for e in ids:
             if e not in sel:
                 fallback.append(e)
-                qg, sg = quantize_rtn(Wgu[e], cfg.group, "mse")
-                qd, sd = quantize_rtn(Wd[e], cfg.group, "mse")
+                qg, sg = quantize_rtn(Wgu[e].float(), cfg.group, "mse")
+                qd, sd = quantize_rtn(Wd[e].float(), cfg.group, "mse")
                 out[e] = (qg, sg, qd, sd)
         if not sel:
             continue
@@ -130,7 +130,7 @@ def quantize_experts(layer, X: torch.Tensor, cfg: GptqConfig) -> tuple[dict, dic
         # so its squared error counts r^2 times: H = sum r^2 x x^T.
         rs = [weight[e][routed[e]][:, None] if cfg.policy == "weighted" else None for e in sel]
         Hgu = shared_h if shared_h is not None else torch.stack([_gram(x, r) for x, r in zip(xs, rs)])
-        qgu, sgu = gptq_quantize(Wgu[sel], Hgu, cfg.group, clip=cfg.clip, damp=cfg.damp, block=cfg.block)
+        qgu, sgu = gptq_quantize(Wgu[sel].float(), Hgu, cfg.group, clip=cfg.clip, damp=cfg.damp, block=cfg.block)
         del Hgu
         # The down projection sees the activations of the quantized gate/up (sequential within the expert).
         Hd = []
@@ -139,7 +139,7 @@ def quantize_experts(layer, X: torch.Tensor, cfg: GptqConfig) -> tuple[dict, dic
             g, u = (x @ wq.T).split(inter, dim=-1)
             a = act(g) * u                                                        # [T_e, I]
             Hd.append(_gram(a, rs[j]))
-        qd, sd = gptq_quantize(Wd[sel], torch.stack(Hd), cfg.group, clip=cfg.clip, damp=cfg.damp, block=cfg.block)
+        qd, sd = gptq_quantize(Wd[sel].float(), torch.stack(Hd), cfg.group, clip=cfg.clip, damp=cfg.damp, block=cfg.block)
         del Hd
         for j, e in enumerate(sel):
             out[e] = (qgu[j], sgu[j], qd[j], sd[j])
