@@ -33,3 +33,20 @@ def small_glm5_out(tmp_path_factory, small_glm5) -> Path:
     r = run_kq("quantize", small_glm5, "--out", out, "--group-size", "32", "--device", "cpu")
     assert r.returncode == 0, r.stderr
     return out
+
+
+@pytest.fixture(scope="session")
+def trained_output(tmp_path_factory):
+    """kq quantize of the trained tiny model, one run per (group, clip), shared by the tests."""
+    from kq_testutil import TINY_MODEL
+    made: dict[tuple[int, str], Path] = {}
+
+    def get(group: int, clip: str = "mse") -> Path:
+        if (group, clip) not in made:
+            out = tmp_path_factory.mktemp(f"trained-g{group}-{clip}") / "out"
+            r = run_kq("quantize", TINY_MODEL, "--out", out, "--group-size", group, "--clip", clip,
+                       "--device", "cpu", "--json")
+            assert r.returncode == 0, r.stderr
+            made[(group, clip)] = out
+        return made[(group, clip)]
+    return get

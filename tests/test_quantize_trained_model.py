@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from kq_testutil import TINY_MODEL, run_kq
+from kq_testutil import TINY_MODEL
 
 EXPERT = re.compile(r"^model\.layers\.\d+\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$")
 
@@ -40,12 +40,8 @@ def _unpack(packed, shape):
 
 
 @pytest.fixture(scope="module", params=[32, 128])
-def quantized(request, tmp_path_factory):
-    out = tmp_path_factory.mktemp(f"trained-g{request.param}") / "out"
-    r = run_kq("quantize", TINY_MODEL, "--out", out, "--group-size", request.param, "--device", "cpu", "--json")
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["status"] == "written"
-    return request.param, out
+def quantized(request, trained_output):
+    return request.param, trained_output(request.param)
 
 
 @pytest.fixture(scope="module")
