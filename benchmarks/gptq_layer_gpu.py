@@ -47,7 +47,7 @@ def main() -> None:
     ap.add_argument("--expert-chunk", type=int, default=32)
     ap.add_argument("--batch", type=int, default=1, help="windows per forward (attention memory grows with it)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    ap.add_argument("--policy", default="routed", choices=["routed", "weighted", "all"])
+    ap.add_argument("--policy", default="all", choices=["routed", "weighted", "all"])
     ap.add_argument("--tiny", action="store_true", help="smoke run on tiny shapes (CPU ok)")
     a = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")

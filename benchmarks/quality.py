@@ -174,44 +174,84 @@ def main() -> None:
     ap.add_argument("--skip-llmc", action="store_true")
     ap.add_argument("--only", default="", help="comma list of rows to run: naive,absmax,mse,gptq,llmc_free,llmc_gptq")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "quality.md")
+    ap.add_argument("--memory-scaling", action="store_true",
+                    help="only: peak RSS of `kq quantize --method gptq` on generated models of L and 4L layers")
     a = ap.parse_args()
+    if a.memory_scaling:
+        return memory_scaling(a)
     only = set(filter(None, a.only.split(",")))
     want = (lambda k: not only or k in only)
     llmc_py = os.environ.get("KQ_LLMC_PYTHON", str(REPO / ".venv-llmc" / "bin" / "python"))
     a.work.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows = _Rows(lambda rs: write_table(rs, a))   # the table is rewritten after every row
     calib_json = a.work / "calib_ids.json"
-    if not a.skip_llmc and (want("llmc_gptq")):
+    if not a.skip_llmc and want("llmc_gptq"):
         bf16_copy(a.work / "bf16", calib_json, a.samples, a.seqlen)
-        rows.append(row("BF16 copy (llm-compressor's input), no quantization", 0, evaluate(a.work / "bf16"), None))
-    for g in map(int, a.groups.split(",")):
-        if want("naive"):
-            rows.append(row("naive absmax RTN (README reference, in memory)", g, naive_reference(g), None))
-        if want("absmax"):
-            run = kq_quantize(a.work / f"absmax-g{g}", g, a.work, "--clip", "absmax")
-            rows.append(row("kq RTN absmax", g, evaluate(a.work / f"absmax-g{g}"), run))
-        if want("mse"):
-            run = kq_quantize(a.work / f"mse-g{g}", g, a.work)
-            rows.append(row("kq RTN mse (default)", g, evaluate(a.work / f"mse-g{g}"), run))
+    groups = [int(g) for g in a.groups.split(",")]
+    for g in groups:
+        # Most telling rows first: the table on disk is complete up to the last finished row.
         if want("gptq"):
             run = kq_quantize(a.work / f"gptq-g{g}", g, a.work, "--method", "gptq", "--calib", str(CALIB),
                               "--calib-samples", str(a.samples), "--calib-seqlen", str(a.seqlen))
-            rows.append(row("kq GPTQ", g, evaluate(a.work / f"gptq-g{g}"), run))
-        if a.skip_llmc:
-            continue
-        if want("llmc_free"):
-            out = a.work / f"llmc-free-g{g}"
-            shutil.rmtree(out, ignore_errors=True)
-            run = timed_script(LLMC_MODEL_FREE, [str(TINY), str(out), str(g)], a.work, llmc_py)
-            rows.append(row("llmc model_free_ptq (as written)", g, evaluate(out), run))
-            rows.append(row("llmc model_free_ptq (experts only)", g, experts_only(out), None))
-        if want("llmc_gptq"):
+            rows.append(row("kq GPTQ (policy all)", g, evaluate(a.work / f"gptq-g{g}"), run))
+        if want("absmax"):
+            run = kq_quantize(a.work / f"absmax-g{g}", g, a.work, "--clip", "absmax")
+            rows.append(row("kq RTN absmax", g, evaluate(a.work / f"absmax-g{g}"), run))
+        if want("llmc_gptq") and not a.skip_llmc:
             out = a.work / f"llmc-gptq-g{g}"
             shutil.rmtree(out, ignore_errors=True)
             run = timed_script(LLMC_ONESHOT, [str(a.work / "bf16"), str(out), str(calib_json), str(g)], a.work, llmc_py)
-            rows.append(row("llmc oneshot GPTQ (as written, BF16 rest)", g, evaluate(out), run))
-            rows.append(row("llmc oneshot GPTQ (experts only)", g, experts_only(out), None))
+            rows.append(row("llmc oneshot GPTQ (experts only)", g, experts_only(out), run))
+            rows.append(row("llmc oneshot GPTQ (as written, BF16 rest)", g, evaluate(out), None))
+        if want("naive"):
+            rows.append(row("naive absmax RTN (README reference, in memory)", g, naive_reference(g), None))
+        if want("mse"):
+            run = kq_quantize(a.work / f"mse-g{g}", g, a.work)
+            rows.append(row("kq RTN mse (default)", g, evaluate(a.work / f"mse-g{g}"), run))
+        if want("llmc_gptq") and not a.skip_llmc and g == groups[-1]:
+            rows.append(row("BF16 copy of the source (llm-compressor's input), no INT4", 0, evaluate(a.work / "bf16"), None))
+        if want("llmc_free") and not a.skip_llmc:
+            out = a.work / f"llmc-free-g{g}"
+            shutil.rmtree(out, ignore_errors=True)
+            run = timed_script(LLMC_MODEL_FREE, [str(TINY), str(out), str(g)], a.work, llmc_py)
+            rows.append(row("llmc model_free_ptq (experts only)", g, experts_only(out), run))
+            rows.append(row("llmc model_free_ptq (as written, BF16 rest)", g, evaluate(out), None))
     write_table(rows, a)
+
+
+def memory_scaling(a) -> None:
+    """Peak memory must not grow with depth: one layer is in memory at a time."""
+    from kq.synth import generate
+    dims = dict(hidden=1024, n_experts=8, moe_intermediate=1024, intermediate=2048, vocab=4096, top_k=2)
+    rows = []
+    for layers in (2, 8):
+        src = a.work / f"synth-{layers}L"
+        if not (src / "model.safetensors.index.json").exists():
+            generate("glm5", src, seed=0, num_layers=layers, first_k_dense=1, overwrite=True, **dims)
+        out = a.work / f"synth-{layers}L-gptq"
+        shutil.rmtree(out, ignore_errors=True)
+        run = timed(["kq", "quantize", str(src), "--out", str(out), "-g", "128", "--device", "cpu", "--method", "gptq",
+                     "--calib", str(CALIB), "--calib-samples", "16", "--calib-seqlen", "256"], a.work)
+        rows.append((layers, run))
+    lines = [f"GPTQ peak memory vs depth (generated GLM-5.2 layout, hidden 1024, 8 experts of 1024, 16 x 256 "
+             f"calibration tokens, CPU; `python benchmarks/quality.py --memory-scaling`, "
+             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC):", "",
+             "| decoder layers | quantize s | peak RSS MB |", "|---|---|---|"]
+    lines += [f"| {n} | {r['seconds']:.1f} | {r['peak_rss_mb']:.0f} |" for n, r in rows]
+    lines += ["", f"Ratio of peak RSS, 4x the layers: {rows[1][1]['peak_rss_mb'] / rows[0][1]['peak_rss_mb']:.3f}"]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    (a.work / "memory_scaling.md").write_text(text)
+
+
+class _Rows(list):
+    def __init__(self, on_change):
+        super().__init__()
+        self._on_change = on_change
+
+    def append(self, r):
+        super().append(r)
+        self._on_change(self)
 
 
 def timed_script(code: str, args: list[str], work: Path, python: str) -> dict:
@@ -241,7 +281,7 @@ def write_table(rows: list[dict], a) -> None:
     if src:
         lines += ["", f"Perplexity of the FP8 source on the same tokens: {src:.3f}."]
     text = "\n".join(lines) + "\n"
-    print(text)
+    print(lines[-1] if not src else lines[-3], flush=True)
     (a.work / "quality.json").write_text(json.dumps(rows, indent=1))
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(text)

@@ -40,7 +40,7 @@ def tiny_layer1():
 
 def test_gptq_lowers_each_experts_output_error_on_the_trained_model(tiny_layer1):
     layer, X = tiny_layer1
-    res, stats = quantize_experts(layer, X, GptqConfig(group=32, min_tokens=64))
+    res, stats = quantize_experts(layer, X, GptqConfig(group=32, policy="routed", min_tokens=64))
     _, _, topi = layer.mlp.gate(X)
     Wgu = layer.mlp.experts.gate_up_proj.data
     better = 0
@@ -58,11 +58,21 @@ def test_gptq_lowers_each_experts_output_error_on_the_trained_model(tiny_layer1)
 
 def test_under_calibrated_experts_fall_back_to_rtn(tiny_layer1):
     layer, X = tiny_layer1
-    res, stats = quantize_experts(layer, X, GptqConfig(group=32, min_tokens=10 ** 9))
+    res, stats = quantize_experts(layer, X, GptqConfig(group=32, policy="routed", min_tokens=10 ** 9))
     assert stats["rtn_fallback"] == list(range(16)) and sum(stats["tokens"]) == X.shape[0] * 4
     qg, sg, qd, sd = res[3]
     q, s = quantize_rtn(layer.mlp.experts.down_proj.data[3], 32, "mse")
     assert torch.equal(qd, q) and torch.equal(sd, s)
+
+
+def test_every_token_policy_calibrates_every_expert(tiny_layer1):
+    layer, X = tiny_layer1
+    res, stats = quantize_experts(layer, X, GptqConfig(group=32, policy="all", min_tokens=10 ** 9))
+    assert stats["rtn_fallback"] == [] and sorted(res) == list(range(16))
+    assert stats["rare"] == list(range(16))   # still reported: fewer routed tokens than min_tokens
+    qg, sg, _, _ = res[8]                                                 # a rarely routed expert
+    qr, _ = quantize_rtn(layer.mlp.experts.gate_up_proj.data[8], 32, "mse")
+    assert not torch.equal(qg, qr)
 
 
 def test_calibration_windows_cover_the_whole_text(tmp_path):

@@ -48,7 +48,7 @@ STATE = "state.json"
 @dataclass(frozen=True)
 class GptqConfig:
     group: int = 128
-    policy: str = "routed"      # routed | weighted | all
+    policy: str = "all"         # all | routed | weighted (measured: docs/eval-gptq.md)
     clip: str = "mse"           # scale choice inside GPTQ: mse | absmax
     damp: float = 0.01          # fraction of the mean Hessian diagonal added to it
     block: int = 128            # GPTQ lazy-update block (columns)
@@ -98,7 +98,8 @@ def quantize_experts(layer, X: torch.Tensor, cfg: GptqConfig) -> tuple[dict, dic
     """GPTQ of one MoE layer's routed experts from its inputs X [T, H].
 
     -> ({expert: (q_gate_up int8 [2I, H], s_gate_up bf16, q_down int8 [H, I], s_down bf16)},
-        {"tokens": [per-expert routed token counts], "rtn_fallback": [experts]})
+        {"tokens": [per-expert routed token counts], "rare": [experts with < min_tokens routed tokens],
+         "rtn_fallback": [experts quantized by RTN instead (policy routed/weighted)]})
     """
     experts = layer.mlp.experts
     Wgu, Wd = experts.gate_up_proj.data, experts.down_proj.data    # [E, 2I, H], [E, H, I]; float32 per chunk
@@ -143,7 +144,8 @@ def quantize_experts(layer, X: torch.Tensor, cfg: GptqConfig) -> tuple[dict, dic
         del Hd
         for j, e in enumerate(sel):
             out[e] = (qgu[j], sgu[j], qd[j], sd[j])
-    return out, {"tokens": counts, "rtn_fallback": fallback}
+    rare = [e for e in range(E) if counts[e] < cfg.min_tokens]
+    return out, {"tokens": counts, "rare": rare, "rtn_fallback": fallback}
 
 
 def _gram(x: torch.Tensor, r: torch.Tensor | None) -> torch.Tensor:
@@ -330,14 +332,19 @@ def gptq_expert_codes(source, plan, out: Path, *, calib: str, samples: int, seql
     ids = calibration_ids(reader.folder, reader.config, calib, samples, seqlen)
     files: dict[int, Path] = {}
     handles: dict[int, object] = {}
-    summary = {"calibration_tokens": int(ids.numel()), "policy": cfg.policy, "under_calibrated": {}}
+    # under_calibrated: experts the router sent fewer than min_tokens calibration tokens
+    # ({layer: [experts]}); rtn_fallback: those of them quantized by RTN (policies routed/weighted).
+    summary = {"calibration_tokens": int(ids.numel()), "policy": cfg.policy, "min_tokens": cfg.min_tokens,
+               "under_calibrated": {}, "rtn_fallback": {}}
 
     def run_pass() -> None:
         work = out / WORK_DIR / GPTQ_DIR
         for i, f, stats in gptq_quantize_layers(model, ids, cfg, work, on_layer=on_layer):
             files[i] = f
+            if stats.get("rare"):
+                summary["under_calibrated"][str(i)] = stats["rare"]
             if stats.get("rtn_fallback"):
-                summary["under_calibrated"][str(i)] = stats["rtn_fallback"]
+                summary["rtn_fallback"][str(i)] = stats["rtn_fallback"]
         _json_safe_write(work / "summary.json", summary)
 
     def expert_codes(name, w, scale):
