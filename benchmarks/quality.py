@@ -231,9 +231,9 @@ def memory_scaling(a) -> None:
         out = a.work / f"synth-{layers}L-gptq"
         shutil.rmtree(out, ignore_errors=True)
         run = timed(["kq", "quantize", str(src), "--out", str(out), "-g", "128", "--device", "cpu", "--method", "gptq",
-                     "--calib", str(CALIB), "--calib-samples", "16", "--calib-seqlen", "256"], a.work)
+                     "--calib", str(CALIB), "--calib-samples", "4", "--calib-seqlen", "128"], a.work)
         rows.append((layers, run))
-    lines = [f"GPTQ peak memory vs depth (generated GLM-5.2 layout, hidden 1024, 8 experts of 1024, 16 x 256 "
+    lines = [f"GPTQ peak memory vs depth (generated GLM-5.2 layout, hidden 1024, 8 experts of 1024, 4 x 128 "
              f"calibration tokens, CPU; `python benchmarks/quality.py --memory-scaling`, "
              f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC):", "",
              "| decoder layers | quantize s | peak RSS MB |", "|---|---|---|"]
