@@ -81,8 +81,15 @@ def quantize(
                      f"{human_bytes(plan.source_bytes)} -> {human_bytes(plan.output_bytes)}")
     with ShardProgress(plan.source_bytes, len(plan.shards), enabled=not as_json) as prog:
         summary = run_quantize(source, plan, out, opts, device=dev, progress=prog, expert_codes=codes)
+    calib_summary = getattr(codes, "summary", None)
+    if calib_summary is not None:
+        summary["calibration"] = calib_summary
     if as_json:
         typer.echo(json.dumps(summary))
     else:
+        if calib_summary and calib_summary.get("under_calibrated"):
+            n = sum(len(v) for v in calib_summary["under_calibrated"].values())
+            stderr.print(f"[yellow]{n} expert(s) saw fewer than {calib_summary.get('min_tokens')} routed calibration tokens; "
+                         f"per layer: {json.dumps(calib_summary['under_calibrated'])}")
         stderr.print(f"done in {summary['seconds']:.1f} s: {out} ({human_bytes(summary['output_bytes'])}); "
                      f"check it with `kq verify {out}`")
