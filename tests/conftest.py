@@ -1,15 +1,22 @@
 """Shared fixtures: small generated checkpoints and their kq outputs, built once per session."""
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
-from kq_testutil import SMALL_GLM5, run_kq
+# Without a GPU, kq's Triton kernels can only run under Triton's interpreter, and the shim that
+# sets it up must be the first thing in the process to import Triton (compressed-tensors and
+# others import it too): load it before any test module is collected.
+if not torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
+    import _triton_interpreter  # noqa: F401,E402
+
+from kq_testutil import SMALL_GLM5, run_kq  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
-    import torch
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (runs on the lent H200, not in CI)")

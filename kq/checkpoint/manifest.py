@@ -12,8 +12,9 @@ from pathlib import Path
 
 MANIFEST_NAME = "kq-manifest.json"
 WORK_DIR = ".kq-work"
-# Folders inside a checkpoint that are not part of it (huggingface_hub's upload state).
-IGNORED_DIRS = (".cache", WORK_DIR)
+# Folders inside a checkpoint that are not part of it: huggingface_hub's upload state, an
+# unfinished run's state, and `kq shard`'s per-rank files (derived, with their own manifest).
+IGNORED_DIRS = (".cache", WORK_DIR, "kq-shards")
 
 
 def sha256_file(path: str | Path, chunk: int = 16 << 20) -> str:
