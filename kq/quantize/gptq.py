@@ -17,27 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from kq.quantize.rtn import ABSMAX_DIVISOR, MSE_DIVISORS
-
-_TINY = 1e-30
-
-
-def group_scale(wg: torch.Tensor, clip: str) -> torch.Tensor:
-    """wg [..., g] -> bf16-representable float32 scale [..., 1]."""
-    amax = wg.abs().amax(-1, keepdim=True).clamp(min=_TINY)
-    if clip == "absmax":
-        return (amax / ABSMAX_DIVISOR).to(torch.bfloat16).float()
-    best_s = best_e = None
-    for d in MSE_DIVISORS:
-        s = (amax / d).to(torch.bfloat16).float()
-        e = ((wg / s).round().clamp(-8, 7) * s - wg).square().sum(-1, keepdim=True)
-        if best_s is None:
-            best_s, best_e = s, e
-        else:
-            better = e < best_e
-            best_s = torch.where(better, s, best_s)
-            best_e = torch.minimum(e, best_e)
-    return best_s
+from kq.quantize.rtn import group_scale  # the same scale search as RTN
 
 
 def hessian_inverse_factor(H: torch.Tensor, damp: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,27 +26,32 @@ def _codes(wg: torch.Tensor, s: torch.Tensor, out: torch.Tensor | None = None) -
     return out.round_().clamp_(-8, 7)
 
 
-def quantize_rtn(w: torch.Tensor, group: int, clip: str = "mse") -> tuple[torch.Tensor, torch.Tensor]:
+def group_scale(wg: torch.Tensor, clip: str = "mse") -> torch.Tensor:
+    """wg [..., g] float32 -> the chosen bf16-representable scale per group, float32 [..., 1].
+    Shared by RTN (below) and GPTQ (which picks each group's scale as its solver reaches it)."""
     if clip not in ("absmax", "mse"):
         raise ValueError(f"unknown clip {clip!r}")
-    out, n_in = w.shape
-    assert n_in % group == 0, "input dim must be a multiple of the group size"
-    wg = w.to(torch.float32).reshape(out, n_in // group, group)               # [out, G, g]
-    amax = wg.abs().amax(-1, keepdim=True).clamp(min=_TINY)                   # [out, G, 1]
-    divisors = (ABSMAX_DIVISOR,) if clip == "absmax" else MSE_DIVISORS
+    amax = wg.abs().amax(-1, keepdim=True).clamp(min=_TINY)                   # [..., 1]
+    if clip == "absmax":
+        return (amax / ABSMAX_DIVISOR).to(torch.bfloat16).to(torch.float32)
     buf = torch.empty_like(wg)  # in-place ops: fresh temporaries cost more than the math on CPU
     best_s = best_err = None
-    for d in divisors:
-        s = (amax / d).to(torch.bfloat16).to(torch.float32)                 # [out, G, 1]
-        if len(divisors) == 1:
-            best_s = s
-            break
-        err = _codes(wg, s, buf).mul_(s).sub_(wg).square_().sum(-1, keepdim=True)  # [out, G, 1]
+    for d in MSE_DIVISORS:
+        s = (amax / d).to(torch.bfloat16).to(torch.float32)
+        err = _codes(wg, s, buf).mul_(s).sub_(wg).square_().sum(-1, keepdim=True)
         if best_s is None:
             best_s, best_err = s, err
         else:
             better = err < best_err
             best_s = torch.where(better, s, best_s)
             best_err = torch.minimum(err, best_err)
-    q = _codes(wg, best_s, buf).to(torch.int8).reshape(out, n_in)
-    return q, best_s.squeeze(-1).to(torch.bfloat16)
+    return best_s
+
+
+def quantize_rtn(w: torch.Tensor, group: int, clip: str = "mse") -> tuple[torch.Tensor, torch.Tensor]:
+    out, n_in = w.shape
+    assert n_in % group == 0, "input dim must be a multiple of the group size"
+    wg = w.to(torch.float32).reshape(out, n_in // group, group)               # [out, G, g]
+    s = group_scale(wg, clip)                                                 # [out, G, 1]
+    q = _codes(wg, s).to(torch.int8).reshape(out, n_in)
+    return q, s.squeeze(-1).to(torch.bfloat16)
