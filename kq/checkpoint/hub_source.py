@@ -9,12 +9,11 @@ shard that needs it is written.
 """
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 from kq.checkpoint import hub
-from kq.checkpoint.index import INDEX_NAME, SINGLE_NAME, Index, check_shard_name
+from kq.checkpoint.index import INDEX_NAME, SINGLE_NAME, Index, check_shard_name, load_json
 from kq.checkpoint.safetensors_io import TensorEntry, read_header
 from kq.checkpoint.source import NOT_COPIED, Source
 from kq.errors import KqError
@@ -31,9 +30,9 @@ class HubSource(Source):
             # Not streaming: keep the downloads where a rerun (or `kq eval`) finds them again.
             staging = hub_cache_dir(repo_id)
         meta_dir = staging / ".meta"
-        config = _read_json(hub.fetch_file(repo_id, "config.json", revision=info.sha, dest_dir=meta_dir), "config.json")
+        config = load_json(hub.fetch_file(repo_id, "config.json", revision=info.sha, dest_dir=meta_dir), "config.json from the Hub")
         if INDEX_NAME in info.files:
-            index = Index.from_json(_read_json(hub.fetch_file(repo_id, INDEX_NAME, revision=info.sha, dest_dir=meta_dir), INDEX_NAME))
+            index = Index.from_json(load_json(hub.fetch_file(repo_id, INDEX_NAME, revision=info.sha, dest_dir=meta_dir), f"{INDEX_NAME} from the Hub"))
         elif SINGLE_NAME in info.files:
             index = None
         else:
@@ -83,13 +82,6 @@ def hub_cache_dir(repo_id: str) -> Path:
     import os
     base = Path(os.environ.get("KQ_CACHE", Path.home() / ".cache" / "kq"))
     return base / "sources" / repo_id.replace("/", "--")
-
-
-def _read_json(path: Path, what: str) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise KqError(f"{what} from the Hub is not valid JSON ({e})") from None
 
 
 def _remote_headers(repo_id: str, sha: str) -> dict[str, dict[str, TensorEntry]]:

@@ -18,6 +18,14 @@ SINGLE_NAME = "model.safetensors"
 _SAFE_SHARD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.safetensors$")
 
 
+def load_json(path: Path, what: str | None = None) -> dict:
+    """A JSON file someone else wrote; a broken one is one clear line, not a traceback."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise KqError(f"{what or path}: not valid JSON ({e})") from None
+
+
 def check_shard_name(name: str) -> str:
     if not isinstance(name, str) or not _SAFE_SHARD.match(name) or ".." in name:
         raise KqError(f"index names an unsafe shard file {name!r}: only plain *.safetensors names in the checkpoint folder are accepted")
@@ -60,11 +68,7 @@ def load_local_index(folder: Path) -> Index:
     index built from that file's header."""
     idx = folder / INDEX_NAME
     if idx.exists():
-        try:
-            data = json.loads(idx.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise KqError(f"{idx}: not valid JSON ({e})") from None
-        return Index.from_json(data)
+        return Index.from_json(load_json(idx))
     single = folder / SINGLE_NAME
     if single.exists():
         from kq.checkpoint.safetensors_io import read_header

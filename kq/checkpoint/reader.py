@@ -9,14 +9,13 @@ opened on first use and stay mmap'd, so only the tensors asked for are paged in.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
-from kq.checkpoint.index import Index, load_local_index
+from kq.checkpoint.index import Index, load_json, load_local_index
 from kq.checkpoint.pack import dequantize_int4
 from kq.checkpoint.safetensors_io import ShardHeader, read_header
 from kq.errors import KqError
@@ -30,10 +29,7 @@ class CheckpointReader:
         cfg = self.folder / "config.json"
         if not cfg.exists():
             raise KqError(f"{self.folder}: no config.json: not a model checkpoint folder")
-        try:
-            self.config = json.loads(cfg.read_text())
-        except json.JSONDecodeError as e:
-            raise KqError(f"{cfg}: not valid JSON ({e})") from None
+        self.config = load_json(cfg)
         self.index = index or load_local_index(self.folder)
         self._handles: dict[str, object] = {}
         self._headers: dict[str, ShardHeader] = {}

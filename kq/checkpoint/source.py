@@ -8,12 +8,11 @@ shard is deleted then; a local file never is).
 """
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kq.checkpoint.index import INDEX_NAME, Index, load_local_index
+from kq.checkpoint.index import INDEX_NAME, Index, load_json, load_local_index
 from kq.checkpoint.safetensors_io import TensorEntry, read_header
 from kq.errors import KqError
 
@@ -59,10 +58,7 @@ class LocalSource(Source):
         cfg_path = folder / "config.json"
         if not cfg_path.exists():
             raise KqError(f"{folder}: no config.json: not a model checkpoint folder")
-        try:
-            config = json.loads(cfg_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise KqError(f"{cfg_path}: not valid JSON ({e})") from None
+        config = load_json(cfg_path)
         index = load_local_index(folder)
         missing = [s for s in index.shards if not (folder / s).is_file()]
         if missing:
