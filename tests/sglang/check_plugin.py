@@ -44,19 +44,22 @@ def _expert_tensors(folder: str, layer: str):
     return {n: r.raw(n).clone() for n in names}, r
 
 
-def _build_layer(qc, prefix, n_experts, hidden, inter, tp, ep, tp_rank, ep_rank, rsf):
+def _build_layer(qc, prefix, n_experts, hidden, inter, tp, ep, tp_rank, ep_rank, rsf, top_k=2, device="cpu"):
+    """SGLang's FusedMoE as TP rank tp_rank of EP rank ep_rank would build it (also gpu_check.py)."""
     from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
     from sglang.srt.runtime_context import get_parallel
 
-    with get_parallel().override(moe_tp_size=tp // ep, moe_tp_rank=tp_rank, moe_ep_size=ep, moe_ep_rank=ep_rank):
+    with get_parallel().override(moe_tp_size=tp // ep, moe_tp_rank=tp_rank, moe_ep_size=ep, moe_ep_rank=ep_rank), \
+            torch.device(device):
         layer = FusedMoE(num_experts=n_experts, hidden_size=hidden, intermediate_size=inter, layer_id=1,
-                         top_k=2, params_dtype=torch.bfloat16, quant_config=qc, prefix=prefix,
+                         top_k=top_k, params_dtype=torch.bfloat16, quant_config=qc, prefix=prefix,
                          routed_scaling_factor=rsf)
     return layer
 
 
 def _load(layer, tensors, layer_prefix, n_experts):
-    """What SGLang's DeepseekV2/Glm4Moe load_weights does for routed experts."""
+    """What SGLang's DeepseekV2/Glm4Moe load_weights does for routed experts. `tensors`: any
+    object with items() yielding (checkpoint name, tensor) of this layer's expert tensors."""
     from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
 
     mapping = FusedMoE.make_expert_params_mapping("gate_proj", "down_proj", "up_proj", n_experts)
