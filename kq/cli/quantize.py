@@ -27,6 +27,16 @@ def quantize(
     calib: Optional[str] = typer.Option(None, "--calib", help="GPTQ calibration text: a .txt/.jsonl(.gz) file."),
     calib_samples: int = typer.Option(128, "--calib-samples", help="GPTQ: number of calibration sequences."),
     calib_seqlen: int = typer.Option(512, "--calib-seqlen", help="GPTQ: tokens per calibration sequence."),
+    calib_policy: str = typer.Option("all", "--calib-policy", help="GPTQ, MoE experts: which calibration tokens "
+                                     "shape an expert's Hessian. all (default): every token through every expert "
+                                     "(no expert goes uncalibrated); routed: only the tokens the router sends it (what "
+                                     "it sees when served; experts with < 32 routed tokens fall back to RTN); weighted: "
+                                     "routed, each token weighted by its routing weight squared."),
+    gptq_damp: float = typer.Option(0.01, "--gptq-damp", help="GPTQ dampening: this fraction of the Hessian's mean "
+                                    "diagonal is added to it (more: closer to RTN, steadier with few tokens)."),
+    gptq_refit: bool = typer.Option(False, "--gptq-refit-scales", help="GPTQ: after the codes are chosen, refit each "
+                                    "output row's group scales by least squares on the Hessian-weighted error "
+                                    "(kept per row only where the error drops). Codes unchanged; a little slower."),
     stream: bool = typer.Option(False, "--stream", help="Hub sources: delete each downloaded shard once used "
                                                           "(disk need: the output plus about two source shards)."),
     staging: Optional[Path] = typer.Option(None, "--staging", help="Where Hub shards are downloaded (default: OUT/.kq-work/download)."),
@@ -68,7 +78,11 @@ def quantize(
     codes = None
     if method == "gptq":
         from kq.quantize.layerwise import gptq_expert_codes
-        codes = gptq_expert_codes(source, plan, out, calib=calib, samples=calib_samples, seqlen=calib_seqlen, device=dev)
+        from kq.quantize.layerwise import GptqConfig
+        require(calib_policy in ("all", "routed", "weighted"), f"--calib-policy {calib_policy}: use all, routed or weighted")
+        cfg = GptqConfig(group=plan.group_size, policy=calib_policy, damp=gptq_damp, refit=gptq_refit)
+        codes = gptq_expert_codes(source, plan, out, calib=calib, samples=calib_samples, seqlen=calib_seqlen, device=dev,
+                                  cfg=cfg)
     if preflight(source, plan, out, opts) == "done":
         if as_json:
             typer.echo(json.dumps({"status": "already complete", "out": str(out)}))

@@ -12,6 +12,13 @@ the solver accounted for. Scale choice ("clip"):
   mse:    the divisor from kq.quantize.rtn.MSE_DIVISORS with the least squared error
           on the group's current weights (per output row).
 No act-order (REFERENCE.md section 3: unsafe for the down projection at TP > 1).
+
+Optional scale refit (refit=True, `kq quantize --gptq-refit-scales`): with the codes fixed,
+the layer's output error of one output row, (w - s.q) H (w - s.q)^T, is quadratic in that
+row's group scales s, so the best scales solve a (groups x groups) linear system. GPTQ
+picks each group's scale before the later groups' codes exist; the refit re-chooses all of
+a row's scales together, rounds them to BF16 and keeps them only where the row's error
+(same damped H as the solver) went down. Codes are untouched.
 """
 from __future__ import annotations
 
@@ -48,10 +55,11 @@ def hessian_inverse_factor(H: torch.Tensor, damp: float) -> tuple[torch.Tensor, 
 
 @torch.no_grad()
 def gptq_quantize(W: torch.Tensor, H: torch.Tensor, group: int, *, clip: str = "mse", damp: float = 0.01,
-                  block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+                  block: int = 128, refit: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """W [E, out, in], H [E, in, in] (or [1, in, in], shared) -> (q int8 [E, out, in], scale bf16 [E, out, in/group])."""
     E, n_out, n_in = W.shape
     assert n_in % group == 0 and block % group == 0
+    W0 = W if refit else None
     W = W.to(torch.float32).clone()
     U, dead = hessian_inverse_factor(H.to(torch.float32), damp)
     U = U.expand(E, n_in, n_in) if U.shape[0] == 1 else U
@@ -76,4 +84,65 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, group: int, *, clip: str = "
             W1[:, :, j:] -= err[:, :, None] * U1[:, None, j, j:]                 # [E, out, b-j]
             Err[:, :, j] = err
         W[:, :, b1:] -= Err @ U[:, b0:b1, b1:]                                   # [E, out, in-b1]
-    return Q, S.to(torch.bfloat16)
+    del W, U
+    S = S.to(torch.bfloat16)
+    if refit:
+        S = refit_scales(W0, H, Q, S, group, damp)
+    return Q, S
+
+
+def _damped(H: torch.Tensor, damp: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The H the solver works with (dead inputs: unit diagonal; damp x mean diagonal added), and dead [.., n]."""
+    H = H.to(torch.float32).clone()
+    diag = H.diagonal(dim1=-2, dim2=-1)
+    dead = diag == 0
+    diag[dead] = 1.0
+    diag += damp * diag.mean(-1, keepdim=True)
+    return H, dead
+
+
+@torch.no_grad()
+def refit_scales(W: torch.Tensor, H: torch.Tensor, Q: torch.Tensor, S: torch.Tensor, group: int,
+                 damp: float = 0.01, ridge: float = 1e-6, max_elems: int = 1 << 26) -> torch.Tensor:
+    """Least-squares group scales for fixed codes: W [E, out, in], H [E|1, in, in], Q int8 [E, out, in],
+    S bf16 [E, out, G] -> bf16 [E, out, G].
+
+    Per output row r (rows are independent): minimise (w - sum_g s_g q_g) H (w - sum_g s_g q_g)^T,
+    i.e. A s = b with A[g, h] = q_g^T H_gh q_h and b[g] = q_g^T (H w)_g. A tiny ridge toward the
+    current scales keeps A invertible (a group whose codes are all 0 keeps its scale). The result
+    is rounded to BF16; a row keeps its new scales only if its error is lower with them, and any
+    non-positive scale keeps the old one.
+    """
+    E, n_out, n_in = W.shape
+    G = n_in // group
+    Hd, dead = _damped(H, damp)                                                  # [E|1, n, n]
+    rows = max(1, min(n_out, max_elems // max(1, n_in * G)))                     # memory: rows x n x G floats
+    out = S.clone()
+    for e in range(E):
+        h = Hd[e if Hd.shape[0] > 1 else 0]                                      # [n, n]
+        hb = h.view(n_in, G, group).permute(1, 0, 2)                             # [G, n, g]
+        w = W[e].to(torch.float32)
+        if dead.any():
+            w = w.masked_fill(dead[e if dead.shape[0] > 1 else 0][None, :], 0.0)
+        for r0 in range(0, n_out, rows):
+            r1 = min(r0 + rows, n_out)
+            q = Q[e, r0:r1].to(torch.float32)                                    # [r, n]
+            qv = q.view(r1 - r0, G, group)                                       # [r, G, g]
+            s0 = S[e, r0:r1].to(torch.float32)                                   # [r, G]
+            # T[h, i, r] = sum_k H[i, h*g + k] q[r, h*g + k]: H times row r's group-h codes alone
+            T = torch.bmm(hb, qv.permute(1, 2, 0))                               # [G, n, r]
+            A = torch.einsum("rgk,hgkr->rgh", qv, T.view(G, G, group, r1 - r0))  # [r, G, G]
+            del T
+            b = ((w[r0:r1] @ h).view(r1 - r0, G, group) * qv).sum(-1)           # [r, G]
+            lam = ridge * A.diagonal(dim1=-2, dim2=-1).mean(-1, keepdim=True).clamp(min=1e-30)  # [r, 1]
+            A.diagonal(dim1=-2, dim2=-1).add_(lam)
+            s = torch.linalg.solve(A, (b + lam * s0)[..., None])[..., 0]
+            s = s.to(torch.bfloat16).to(torch.float32)
+            s = torch.where(torch.isfinite(s) & (s > 0), s, s0)
+
+            def err(sc):
+                d = w[r0:r1] - (qv * sc[..., None]).view(r1 - r0, n_in)
+                return ((d @ h) * d).sum(-1)                                     # [r]
+            better = err(s) < err(s0)
+            out[e, r0:r1] = torch.where(better[:, None], s, s0).to(torch.bfloat16)
+    return out

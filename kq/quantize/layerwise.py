@@ -14,13 +14,14 @@ After each layer the packed results and the next layer's inputs are written atom
 to the work folder, so a run killed anywhere resumes at the last finished layer and
 ends with the same bytes.
 
-MoE calibration policy (docs/eval-gptq.md has the measurements):
-  routed (default): an expert's Hessians use only the tokens the router sends to it,
-    i.e. the inputs it sees at serve time. An expert with fewer than `min_tokens`
-    routed tokens is under-calibrated: it falls back to kq's RTN (MSE clipping) and is
-    listed in the run summary.
-  all: every token through every expert (the gate/up Hessian is one X^T X shared by all
-    experts of the layer); only routed outputs are kept for propagation.
+MoE calibration policy (docs/eval-gptq.md has the measurements; `kq quantize --calib-policy`):
+  all (default): every token through every expert (the gate/up Hessian is one X^T X shared
+    by all experts of the layer); only routed outputs are kept for propagation.
+  routed: an expert's Hessians use only the tokens the router sends to it, i.e. the
+    inputs it sees at serve time. An expert with fewer than `min_tokens` routed tokens is
+    under-calibrated: it falls back to kq's RTN (MSE clipping) and is listed in the run
+    summary.
+  weighted: as routed, each token's contribution weighted by its routing weight squared.
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ class GptqConfig:
     clip: str = "mse"           # scale choice inside GPTQ: mse | absmax
     damp: float = 0.01          # fraction of the mean Hessian diagonal added to it
     block: int = 128            # GPTQ lazy-update block (columns)
+    refit: bool = False         # least-squares refit of each row's group scales after GPTQ (kq.quantize.gptq)
     min_tokens: int = 32        # routed tokens below which an expert falls back to RTN
     expert_chunk: int = 16      # experts solved together (memory: chunk x in^2 x 4 bytes)
     batch: int = 8              # calibration windows per forward call
@@ -61,6 +63,8 @@ class GptqConfig:
             raise KqError(f"GPTQ policy {self.policy!r}: use routed, weighted or all")
         if self.clip not in ("mse", "absmax"):
             raise KqError(f"GPTQ clip {self.clip!r}: use mse or absmax")
+        if not 0 < self.damp <= 1:
+            raise KqError(f"GPTQ damp {self.damp}: use a fraction in (0, 1], e.g. 0.01")
         if self.block % self.group:
             raise KqError(f"GPTQ block {self.block} must be a multiple of the group size {self.group}")
 
@@ -131,7 +135,8 @@ def quantize_experts(layer, X: torch.Tensor, cfg: GptqConfig) -> tuple[dict, dic
         # so its squared error counts r^2 times: H = sum r^2 x x^T.
         rs = [weight[e][routed[e]][:, None] if cfg.policy == "weighted" else None for e in sel]
         Hgu = shared_h if shared_h is not None else torch.stack([_gram(x, r) for x, r in zip(xs, rs)])
-        qgu, sgu = gptq_quantize(Wgu[sel].float(), Hgu, cfg.group, clip=cfg.clip, damp=cfg.damp, block=cfg.block)
+        qgu, sgu = gptq_quantize(Wgu[sel].float(), Hgu, cfg.group, clip=cfg.clip, damp=cfg.damp, block=cfg.block,
+                                 refit=cfg.refit)
         del Hgu
         # The down projection sees the activations of the quantized gate/up (sequential within the expert).
         Hd = []
@@ -140,7 +145,8 @@ def quantize_experts(layer, X: torch.Tensor, cfg: GptqConfig) -> tuple[dict, dic
             g, u = (x @ wq.T).split(inter, dim=-1)
             a = act(g) * u                                                        # [T_e, I]
             Hd.append(_gram(a, rs[j]))
-        qd, sd = gptq_quantize(Wd[sel].float(), torch.stack(Hd), cfg.group, clip=cfg.clip, damp=cfg.damp, block=cfg.block)
+        qd, sd = gptq_quantize(Wd[sel].float(), torch.stack(Hd), cfg.group, clip=cfg.clip, damp=cfg.damp, block=cfg.block,
+                               refit=cfg.refit)
         del Hd
         for j, e in enumerate(sel):
             out[e] = (qgu[j], sgu[j], qd[j], sd[j])
@@ -220,7 +226,10 @@ def _load_acts(path: Path, n: int, device) -> tuple[list, list]:
 def fingerprint(model: LayerwiseModel, ids: torch.Tensor, cfg: GptqConfig) -> str:
     h = hashlib.sha256()
     h.update(json.dumps(model.reader.config, sort_keys=True).encode())
-    h.update(json.dumps(asdict(cfg), sort_keys=True).encode())
+    c = asdict(cfg)
+    if not c["refit"]:
+        del c["refit"]   # work folders of runs from before the option resume as before
+    h.update(json.dumps(c, sort_keys=True).encode())
     h.update(ids.numpy().tobytes())
     h.update(str(model.dtype).encode())
     return h.hexdigest()[:16]
