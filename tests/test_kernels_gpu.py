@@ -121,3 +121,66 @@ def test_fused_moe_capture_in_cuda_graph_and_replay_with_new_routing():
         graph.replay()
         torch.cuda.synchronize()
         assert _rel(out, reference.fused_moe_w4a16(x, pp, tw, ids)) < 1.5e-2
+
+
+# launch-parameter candidates (benchmarks/kernel_sweep.py; TUNED may pick any of them)
+GPU_CANDIDATES = [
+    ops.TileConfig(16, 64, 1, block_k=256),
+    ops.TileConfig(16, 64, 2, block_k=256),                  # 14 blocks / 2 = 7 per split: odd tail
+    ops.TileConfig(16, 128, 7, num_warps=8, num_stages=4),
+    ops.TileConfig(16, 128, 2, num_warps=8, block_k=256),
+    ops.TileConfig(16, 64, 14, num_stages=5),
+    ops.TileConfig(32, 128, 2, block_k=256),
+    ops.TileConfig(64, 64, 1, 8, block_k=256),                # wgmma tiles (plain dequant) with block_k 256
+]
+
+
+@pytest.mark.parametrize("cfg", GPU_CANDIDATES, ids=str)
+@pytest.mark.parametrize("group", [32, 128])
+def test_dense_candidate_configs(cfg, group, monkeypatch):
+    gen = torch.Generator(device=DEV).manual_seed(group)
+    p, s = _weights(1, 1000, 1792, group, gen)
+    w = prepack_linear(p[0], s[0], group)
+    x = torch.randn(17, 1792, generator=gen, device=DEV).to(torch.bfloat16)
+    _poisoned_out(monkeypatch)
+    got = ops.w4a16_linear(x, w, config=cfg)
+    assert _rel(got, reference.w4a16_linear(x, w)) < 8e-3
+    assert torch.equal(got, ops.w4a16_linear(x, w, config=cfg))         # run to run bit-exact
+
+
+@pytest.mark.parametrize("cfgs", [
+    (ops.TileConfig(16, 64, 2, block_k=256), ops.TileConfig(16, 128, 2, num_warps=8)),
+    (ops.TileConfig(16, 128, 1, num_warps=8, num_stages=4), ops.TileConfig(16, 64, 1, block_k=256)),
+    (ops.TileConfig(64, 64, 1, 8, block_k=256), ops.TileConfig(64, 128, 2, 8)),
+], ids=str)
+@pytest.mark.parametrize("group", [32, 128])
+def test_fused_moe_candidate_configs(cfgs, group, monkeypatch):
+    gen = torch.Generator(device=DEV).manual_seed(group + 1)
+    E, H, I, T, k = 32, 768, 384, 9, 8          # H: 6 K blocks, I: 3 (odd tails for block_k 256)
+    p13, s13 = _weights(E, 2 * I, H, group, gen)
+    p2, s2 = _weights(E, H, I, group, gen)
+    pp = prepack_moe(p13, s13, p2, s2, group)
+    x = torch.randn(T, H, generator=gen, device=DEV).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(E, generator=gen, device=DEV)[:k] for _ in range(T)]).to(torch.int32)
+    tw = torch.rand(T, k, generator=gen, device=DEV)
+    emap = torch.arange(E, device=DEV, dtype=torch.int32)
+    emap[2::5] = -1
+    _poisoned_out(monkeypatch)
+    got = ops.fused_moe_w4a16(x, pp, tw, ids, expert_map=emap, configs=cfgs)
+    assert _rel(got, reference.fused_moe_w4a16(x, pp, tw, ids, expert_map=emap)) < 1.5e-2
+    assert torch.equal(got, ops.fused_moe_w4a16(x, pp, tw, ids, expert_map=emap, configs=cfgs))
+
+
+def test_tuned_table_entries_are_used(monkeypatch):
+    gen = torch.Generator(device=DEV).manual_seed(3)
+    E, H, I, T, k, g = 16, 1024, 256, 4, 8, 128
+    pp = prepack_moe(*_weights(E, 2 * I, H, g, gen), *_weights(E, H, I, g, gen), g)
+    x = torch.randn(T, H, generator=gen, device=DEV).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(E, generator=gen, device=DEV)[:k] for _ in range(T)]).to(torch.int32)
+    tw = torch.rand(T, k, generator=gen, device=DEV)
+    monkeypatch.setattr(ops, "TUNED", {
+        ("moe_gate_up", 16, g, "*"): ops.TileConfig(16, 128, 0, num_warps=8, block_k=256),
+        ("moe_down", 16, g, f"{H}x{I}"): ops.TileConfig(16, 64, 2, num_stages=4)})
+    c1, c2 = ops.moe_configs(T * k, E, H, I, 132, g, tokens=T)
+    assert (c1.block_n, c1.block_k, c2.split_k) == (128, 256, 2)
+    assert _rel(ops.fused_moe_w4a16(x, pp, tw, ids), reference.fused_moe_w4a16(x, pp, tw, ids)) < 1.5e-2

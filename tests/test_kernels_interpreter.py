@@ -144,3 +144,80 @@ def test_tile_heuristics_split_k_divides_k_blocks_and_decode_stays_on_mma_sync_t
     assert ops.moe_configs(16 * 8, 384, 7168, 256, 132, 32)[1].block_n == 64
     p1, p2 = ops.moe_configs(4096 * 8, 256, 6144, 2048, 132, 128)
     assert (p1.block_m, p1.split_k, p1.num_warps, p2.block_m) == (64, 1, 8, 64)
+
+
+# ---- launch-parameter candidates (benchmarks/kernel_sweep.py tries these; kq.kernels.triton_ops.TUNED
+# may pick any of them): results must not change beyond the order of float sums.
+
+CANDIDATES = [
+    ops.TileConfig(16, 64, 1, block_k=256),                 # two blocks per iteration, 3 blocks: odd tail
+    ops.TileConfig(16, 64, 2, block_k=256),                 # 6 blocks / split 2 = 3 per split: odd tail
+    ops.TileConfig(16, 128, 3, num_warps=8, num_stages=4),  # wide tile, 8 warps, more stages, split 3
+    ops.TileConfig(16, 128, 6, num_warps=8, block_k=256),   # split to 1 block per split with block_k 256
+    ops.TileConfig(32, 32, 2, num_stages=5, block_k=256),
+]
+
+
+@pytest.mark.parametrize("cfg", CANDIDATES, ids=str)
+def test_dense_candidate_configs_match_reference_and_repeat_bit_exactly(cfg):
+    gen = torch.Generator().manual_seed(7)
+    m, n, k, group = 5, 200, 768, 32
+    p, s = _weights(1, n, k, group, gen)
+    w = prepack_linear(p[0], s[0], group)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    got = ops.w4a16_linear(x, w, config=cfg)
+    assert _rel(got, reference.w4a16_linear(x, w)) < 8e-3
+    assert torch.equal(got, ops.w4a16_linear(x, w, config=cfg))        # deterministic (no atomics)
+    # block_k 256 runs the same per-block sums in the same order as 128 (the masked tail adds 0)
+    same_split_128 = ops.TileConfig(cfg.block_m, cfg.block_n, cfg.split_k)
+    assert torch.equal(got, ops.w4a16_linear(x, w, config=same_split_128))
+
+
+@pytest.mark.parametrize("cfgs", [
+    (ops.TileConfig(16, 64, 1, block_k=256), ops.TileConfig(16, 128, 2, num_warps=8)),   # down split-K
+    (ops.TileConfig(16, 32, 4, block_k=256), ops.TileConfig(16, 64, 1, num_stages=4, block_k=256)),
+], ids=str)
+def test_fused_moe_candidate_configs(cfgs):
+    gen = torch.Generator().manual_seed(21)
+    E, H, I, T, k, group = 6, 512, 256, 5, 3, 32
+    p13, s13 = _weights(E, 2 * I, H, group, gen)
+    p2, s2 = _weights(E, H, I, group, gen)
+    pp = prepack_moe(p13, s13, p2, s2, group)
+    x = torch.randn(T, H, generator=gen).to(torch.bfloat16)
+    ids = torch.tensor([[0, 3, 5], [3, 1, 0], [1, 0, 3], [5, 3, 1], [0, 1, 3]], dtype=torch.int32)
+    tw = torch.rand(T, k, generator=gen)
+    emap = torch.tensor([1, -1, 2, 0, 4, 5], dtype=torch.int32)
+    got = ops.fused_moe_w4a16(x, pp, tw, ids, expert_map=emap, configs=cfgs)
+    assert _rel(got, reference.fused_moe_w4a16(x, pp, tw, ids, expert_map=emap)) < 1.5e-2
+    assert torch.equal(got, ops.fused_moe_w4a16(x, pp, tw, ids, expert_map=emap, configs=cfgs))
+
+
+def test_block_k_must_be_one_or_two_blocks():
+    gen = torch.Generator().manual_seed(1)
+    p, s = _weights(1, 64, 256, 128, gen)
+    w = prepack_linear(p[0], s[0], 128)
+    with pytest.raises(ValueError, match="block_k"):
+        ops.w4a16_linear(torch.zeros(1, 256, dtype=torch.bfloat16), w, config=ops.TileConfig(16, 64, block_k=512))
+
+
+def test_tuned_table_overrides_heuristics_and_falls_back(monkeypatch):
+    wide = ops.TileConfig(16, 128, 8, num_warps=8, block_k=256)
+    heur64, heur65 = ops.dense_config(64, 4096, 7168, 132), ops.dense_config(65, 12288, 6144, 132)
+    heur_moe = ops.moe_configs(16 * 8, 384, 7168, 256, 132, 32)
+    monkeypatch.setattr(ops, "TUNED", {
+        ("dense", 1, 128, "12288x6144"): wide,
+        ("dense", 16, 128, "*"): ops.TileConfig(16, 128, 0, num_warps=8),     # split 0: heuristic split
+        ("dense", 64, 128, "*"): ops.TileConfig(32, 128, 5),                 # 5 divides no K here: ignored
+        ("moe_gate_up", 16, 32, "512x7168"): ops.TileConfig(16, 64, 7, block_k=256),
+        ("moe_down", 16, 32, "*"): ops.TileConfig(16, 128, 1, num_stages=4),
+    })
+    assert ops.dense_config(1, 12288, 6144, 132) == wide
+    assert ops.dense_config(1, 12288, 6144, 132, group=32) == ops.TileConfig(16, 64, 4)     # not in table
+    assert ops.dense_config(1, 4096, 7168, 132).split_k == ops.dense_config(1, 4096, 7168, 132, 64).split_k
+    c = ops.dense_config(9, 4096, 7168, 132)                   # M 9 -> bucket 16, wildcard shape
+    assert (c.block_n, c.num_warps) == (128, 8) and c.split_k >= 1 and 56 % c.split_k == 0
+    assert ops.dense_config(64, 4096, 7168, 132) == heur64                 # bad entry -> heuristic
+    assert ops.dense_config(65, 12288, 6144, 132) == heur65                # past the last bucket
+    c1, c2 = ops.moe_configs(16 * 8, 384, 7168, 256, 132, 32, tokens=16)
+    assert c1 == ops.TileConfig(16, 64, 7, block_k=256) and c2 == ops.TileConfig(16, 128, 1, num_stages=4)
+    assert ops.moe_configs(16 * 8, 384, 7168, 256, 132, 32) == heur_moe          # tokens None: no lookup
