@@ -7,13 +7,25 @@ headers itself to validate shards up front (a truncated download is caught befor
 any work), copies kept tensors straight from file ranges, and writes each output
 shard tensor by tensor while hashing it. Reading tensors as torch tensors still goes
 through safetensors' own mmap reader (see reader.py).
+
+Host cost of the writer (the quantize run is bound by it, not by the GPU): every buffer
+is written with os.write from the caller's memory (no bytes() copies), hashed by a
+thread of its own while it is being written (hashlib releases the GIL), kept tensors
+come from an mmap of the source file (no read() copy), and the kernel is asked to
+start writing each 64 MB back to disk as soon as it is written, so the fsync at close
+waits for the tail only. `PROFILE` (KQ_PROFILE=1) sums per-stage wall time per thread.
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
+import mmap
 import os
+import queue
 import struct
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +74,98 @@ def nbytes_of(dtype: str, shape) -> int:
     for d in shape:
         n *= int(d)
     return n
+
+
+class Profile:
+    """Wall time per stage, summed over the threads that ran it (so a stage can add up to
+    more than the run's wall time), with call counts and bytes. Off unless KQ_PROFILE is
+    set (`reset` reads it); off, `add` returns at once. Use:
+        t = time.perf_counter(); ...; PROFILE.add("write", t, nbytes)
+    Each thread adds to its own table (no lock on the hot path); `summary` merges them."""
+
+    ORDER = ("gpu_first_call", "read", "h2d", "kernel", "d2h", "quant_cpu", "write", "writeback", "sha256",
+             "fsync", "wait:expert", "wait:write", "wait:hash")
+
+    def __init__(self) -> None:
+        self.on = False
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._tables: list[dict] = []
+        self.t0 = time.perf_counter()
+
+    def reset(self, on: bool | None = None) -> None:
+        self.on = os.environ.get("KQ_PROFILE", "") not in ("", "0") if on is None else on
+        with self._lock:
+            self._tables = []
+            self._local = threading.local()
+        self.t0 = time.perf_counter()
+
+    def add(self, stage: str, t0: float, nbytes: int = 0) -> None:
+        if not self.on:
+            return
+        dt = time.perf_counter() - t0
+        tab = getattr(self._local, "tab", None)
+        if tab is None:
+            tab = self._local.tab = {}
+            with self._lock:
+                self._tables.append(tab)
+        rec = tab.get(stage)
+        if rec is None:
+            rec = tab[stage] = [0.0, 0, 0]
+        rec[0] += dt
+        rec[1] += 1
+        rec[2] += nbytes
+
+    def summary(self) -> dict:
+        """{"wall_s": .., "threads": .., "stages": {stage: {"s", "calls", "gb", "gbps"}}} (gbps per thread-second)."""
+        merged: dict[str, list] = {}
+        with self._lock:
+            tables = list(self._tables)
+        for tab in tables:
+            for k, (sec, n, b) in list(tab.items()):
+                m = merged.setdefault(k, [0.0, 0, 0])
+                m[0] += sec
+                m[1] += n
+                m[2] += b
+        keys = [k for k in self.ORDER if k in merged] + sorted(k for k in merged if k not in self.ORDER)
+        stages = {k: {"s": round(merged[k][0], 3), "calls": merged[k][1], "gb": round(merged[k][2] / 1e9, 3),
+                      **({"gbps": round(merged[k][2] / merged[k][0] / 1e9, 2)} if merged[k][2] and merged[k][0] else {})}
+                  for k in keys}
+        return {"wall_s": round(time.perf_counter() - self.t0, 3), "threads": len(tables), "stages": stages}
+
+    @staticmethod
+    def line(summary: dict) -> str:
+        parts = []
+        for k, v in summary["stages"].items():
+            p = f"{k} {v['s']:.2f}s"
+            if v["gb"]:
+                p += f" {v['gb']:.2f}GB"
+                if "gbps" in v:
+                    p += f" ({v['gbps']:.2f} GB/s/thread)"
+            parts.append(p)
+        return (f"kq profile: wall {summary['wall_s']:.2f}s, {summary['threads']} threads; thread-seconds per stage: "
+                + " | ".join(parts))
+
+
+PROFILE = Profile()
+
+
+def _load_sync_file_range():
+    """libc's sync_file_range (Linux): start writeback of a file range without waiting."""
+    if os.environ.get("KQ_NO_WRITEBACK"):
+        return None
+    try:
+        f = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    f.restype = ctypes.c_int
+    return f
+
+
+_SYNC_FILE_RANGE = _load_sync_file_range()
+SYNC_FILE_RANGE_WRITE = 2
+WRITEBACK_EVERY = 64 << 20
 
 
 def read_header(path: str | Path) -> ShardHeader:
@@ -113,7 +217,12 @@ def read_bytes(entry: TensorEntry, path: str | Path) -> bytes:
 class StreamingShardWriter:
     """Writes one safetensors file tensor by tensor, in the order the entries were
     declared, to `<final>.tmp`; `close()` fsyncs and renames, so a file under its
-    final name is always complete. sha256 is computed on the fly."""
+    final name is always complete. sha256 is computed on the fly, by a thread of its own
+    that hashes each buffer while it is written (the buffer must stay unchanged until
+    `close`: tensors and mmap ranges handed in are only read). Not thread-safe: one
+    thread calls write/copy_from/close."""
+
+    HASH_QUEUE = 8  # buffers written but not yet hashed (each keeps its memory alive)
 
     def __init__(self, final_path: str | Path, entries: list[tuple[str, str, tuple[int, ...]]],
                  metadata: dict[str, str] | None = None):
@@ -133,14 +242,54 @@ class StreamingShardWriter:
         hjson += b" " * (-len(hjson) % 8)  # the library aligns the data buffer to 8 bytes
         self.sha = hashlib.sha256()
         self.size = 0
-        self.f = open(self.tmp, "wb")
-        self._write(struct.pack("<Q", len(hjson)) + hjson)
+        self._synced = 0  # bytes handed to writeback so far
+        self._maps: dict[str, tuple] = {}
+        self._hq: queue.Queue = queue.Queue(maxsize=self.HASH_QUEUE)
+        self._herr: BaseException | None = None
+        self._stop = False
+        self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+        self._hasher = threading.Thread(target=self._hash_loop, name="kq-sha256", daemon=True)
+        self._hasher.start()
         self.next = 0
+        try:
+            self._write(struct.pack("<Q", len(hjson)) + hjson)
+        except BaseException:
+            self.abort()
+            raise
+
+    def _hash_loop(self) -> None:
+        while True:
+            b = self._hq.get()
+            if b is None:
+                return
+            if self._stop or self._herr is not None:
+                continue
+            t = time.perf_counter()
+            try:
+                self.sha.update(b)
+            except BaseException as e:  # noqa: BLE001 - re-raised by close()
+                self._herr = e
+            PROFILE.add("sha256", t, b.nbytes)
 
     def _write(self, b) -> None:
-        self.f.write(b)
-        self.sha.update(b)
-        self.size += len(b)
+        mv = memoryview(b).cast("B")
+        n = mv.nbytes
+        if not n:
+            return
+        t = time.perf_counter()
+        self._hq.put(mv)  # hashed by the hasher thread while this thread writes it
+        PROFILE.add("wait:hash", t)
+        t = time.perf_counter()
+        done = 0
+        while done < n:
+            done += os.write(self.fd, mv[done:])
+        PROFILE.add("write", t, n)
+        self.size += n
+        if _SYNC_FILE_RANGE is not None and self.size - self._synced >= WRITEBACK_EVERY:
+            t = time.perf_counter()
+            _SYNC_FILE_RANGE(self.fd, self._synced, self.size - self._synced, SYNC_FILE_RANGE_WRITE)
+            PROFILE.add("writeback", t, self.size - self._synced)
+            self._synced = self.size
 
     def write(self, name: str, data) -> None:
         """data: bytes/memoryview, or a CPU tensor (written in its own dtype)."""
@@ -148,40 +297,70 @@ class StreamingShardWriter:
             raise RuntimeError(f"tensor {name!r} written out of order")
         if isinstance(data, torch.Tensor):
             data = tensor_bytes(data)
-        if len(data) != self.expected[name]:
-            raise RuntimeError(f"tensor {name!r}: {len(data)} bytes, header says {self.expected[name]}")
+        n = memoryview(data).nbytes
+        if n != self.expected[name]:
+            raise RuntimeError(f"tensor {name!r}: {n} bytes, header says {self.expected[name]}")
         self._write(data)
         self.next += 1
 
-    def copy_from(self, name: str, src_path: str | Path, entry: TensorEntry, chunk: int = 16 << 20) -> None:
-        """Copy a kept tensor's bytes straight from its source file range, in chunks,
-        so a multi-GB embedding never sits in memory whole."""
+    def _map(self, src_path) -> tuple:
+        key = str(src_path)
+        got = self._maps.get(key)
+        if got is None:
+            with open(src_path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+            got = self._maps[key] = (m, size)
+        return got
+
+    def copy_from(self, name: str, src_path: str | Path, entry: TensorEntry, chunk: int = 64 << 20) -> None:
+        """Copy a kept tensor's bytes straight from its source file range (an mmap of the
+        source: no read() copy; written and hashed from the page cache), in chunks."""
         if self.next >= len(self.order) or self.order[self.next] != name:
             raise RuntimeError(f"tensor {name!r} written out of order")
         if entry.nbytes != self.expected[name]:
             raise RuntimeError(f"tensor {name!r}: {entry.nbytes} bytes, header says {self.expected[name]}")
-        with open(src_path, "rb") as f:
-            f.seek(entry.start)
-            left = entry.nbytes
-            while left:
-                b = f.read(min(chunk, left))
-                if not b:
-                    raise RuntimeError(f"{src_path}: ended early while copying {name}")
-                self._write(b)
-                left -= len(b)
+        if entry.nbytes:
+            m, size = self._map(src_path)
+            if size < entry.end:
+                raise RuntimeError(f"{src_path}: ended early while copying {name}")
+            mv = memoryview(m)
+            for off in range(entry.start, entry.end, chunk):
+                self._write(mv[off:min(off + chunk, entry.end)])
+            del mv
         self.next += 1
+
+    def _stop_hasher(self) -> None:
+        if self._hasher.is_alive():
+            self._hq.put(None)
+            self._hasher.join()
 
     def close(self) -> tuple[str, int]:
         if self.next != len(self.order):
             raise RuntimeError(f"{self.final.name}: {len(self.order) - self.next} tensors never written")
-        self.f.flush()
-        os.fsync(self.f.fileno())
-        self.f.close()
+        self._hq.put(None)  # the hasher finishes the queue while this thread waits for the disk
+        t = time.perf_counter()
+        os.fsync(self.fd)
+        PROFILE.add("fsync", t)
+        t = time.perf_counter()
+        self._hasher.join()
+        PROFILE.add("wait:hash", t)
+        os.close(self.fd)
+        self.fd = -1
+        self._maps.clear()
+        if self._herr is not None:
+            self.tmp.unlink(missing_ok=True)
+            raise self._herr
         os.replace(self.tmp, self.final)
         return self.sha.hexdigest(), self.size
 
     def abort(self) -> None:
-        self.f.close()
+        self._stop = True
+        self._stop_hasher()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self._maps.clear()
         self.tmp.unlink(missing_ok=True)
 
 

@@ -7,14 +7,17 @@ Order of work, and why:
    recorded in `.kq-work/state.json`. Killed anywhere, a rerun skips recorded shards
    and redoes the rest; the output is deterministic, so it ends byte-identical.
 3. Index, config.json, the copied non-weight files, then `kq-manifest.json` last.
-Memory: one expert tensor (float32 on the device) plus I/O chunks at a time; kept
-tensors are copied from file ranges in 16 MB chunks.
+Memory: a few expert tensors per shard job (float32 on the device on the CPU path) plus
+I/O chunks; kept tensors are copied from an mmap of their source file range.
+Profiling: KQ_PROFILE=1 sums wall time per stage over threads (read, h2d, kernel, d2h,
+write, sha256, fsync, waits) and prints one line to stderr; the summary gets "profile".
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import shutil
+import sys
 import threading
 import time
 from collections import deque
@@ -27,7 +30,7 @@ import torch
 
 from kq import __version__
 from kq.checkpoint.manifest import MANIFEST_NAME, WORK_DIR, read_manifest, write_json_atomic
-from kq.checkpoint.safetensors_io import TORCH_DTYPE, StreamingShardWriter, read_header
+from kq.checkpoint.safetensors_io import PROFILE, TORCH_DTYPE, Profile, StreamingShardWriter, read_header
 from kq.checkpoint.source import Source
 from kq.errors import KqError
 from kq.quantize.experts import rtn_parts
@@ -35,6 +38,10 @@ from kq.quantize.plan import FP8, Plan
 
 INDEX_NAME = "model.safetensors.index.json"
 PREFETCH = 4  # expert tensors read ahead of the quantizer (and written behind it)
+READERS = 2   # threads per shard job reading expert tensors (quantized on the job's own thread)
+# GPU with kq's RTN: threads per shard job that each read *and* quantize an expert tensor (on a
+# CUDA stream of their own), so one shard's pipeline is not held to one thread's H2D/sync/D2H.
+GPU_WORKERS = 4
 
 
 class Progress(Protocol):
@@ -144,6 +151,9 @@ def run_quantize(source: Source, plan: Plan, out: Path, opts: Options, *,
     work.mkdir(parents=True, exist_ok=True)
     write_json_atomic(work / "run.json", {"fingerprint": fp, "kq_version": __version__, "source": source.name})
 
+    PROFILE.reset()
+    # kq's own RTN on the GPU is thread-safe: read and quantize in the same worker threads.
+    fused = expert_codes is None and device.type == "cuda"
     if expert_codes is None:
         def expert_codes(name, w, scale):
             return rtn_parts(name, w, scale, group=plan.group_size, clip=opts.clip, device=device)
@@ -163,7 +173,7 @@ def run_quantize(source: Source, plan: Plan, out: Path, opts: Options, *,
         paths = {n: source.shard_path(n) for n in sp.needs}
         for n, p in paths.items():
             read_header(p)  # a Hub download could be truncated: check before writing anything
-        sha, size = _write_shard(source, sp, out / sp.name, paths, expert_codes, progress, device)
+        sha, size = _write_shard(source, sp, out / sp.name, paths, expert_codes, progress, device, fused)
         with lock:
             state["shards"][sp.name] = {"sha256": sha, "size": size}
             write_json_atomic(state_path, state)
@@ -188,7 +198,15 @@ def run_quantize(source: Source, plan: Plan, out: Path, opts: Options, *,
         with ThreadPoolExecutor(max_workers=opts.jobs, thread_name_prefix="kq-shard") as ex:
             for f in [ex.submit(one, sp) for sp in pending]:
                 f.result()
-    return finish(source, plan, out, opts, fp, state, time.time() - t0)
+    seconds = time.time() - t0
+    prof = None
+    if PROFILE.on:
+        prof = PROFILE.summary() | {"jobs": opts.jobs, "shards": len(pending)}
+        print(Profile.line(prof) + f"; {len(pending)} shards, jobs {opts.jobs}", file=sys.stderr, flush=True)
+    summary = finish(source, plan, out, opts, fp, state, seconds)
+    if prof is not None:
+        summary["profile"] = prof
+    return summary
 
 
 def _shard_done(out: Path, name: str, state: dict) -> bool:
@@ -198,16 +216,19 @@ def _shard_done(out: Path, name: str, state: dict) -> bool:
 
 
 def _write_shard(source: Source, sp, final: Path, paths: dict, expert_codes: ExpertCodes, progress,
-                 device: torch.device) -> tuple[str, int]:
+                 device: torch.device, fused: bool = False) -> tuple[str, int]:
     """One output shard, pipelined: reader threads fetch the next expert tensors from the
     source files (plain file reads, which release the GIL, into pinned memory when a GPU
     is used), the calling thread quantizes, and one writer thread appends tensors to the
-    shard in order. At most PREFETCH experts are in flight either way, so memory stays
-    bounded by a few expert tensors."""
+    shard in order (the writer hashes on a thread of its own). With `fused` (kq's RTN on
+    the GPU) the GPU_WORKERS reader threads also quantize what they read, each on its own
+    CUDA stream, and the calling thread only hands results to the writer in order. A few
+    experts are in flight either way, so memory stays bounded by a few expert tensors."""
     wm = source.index.weight_map
     pin = device.type == "cuda"
 
     def load(name: str) -> torch.Tensor:
+        t0 = time.perf_counter()
         e = source.headers[wm[name]][name]
         buf = torch.empty(e.nbytes, dtype=torch.uint8, pin_memory=pin)
         view = memoryview(buf.numpy())
@@ -219,6 +240,7 @@ def _write_shard(source: Source, sp, final: Path, paths: dict, expert_codes: Exp
                 if not n:
                     raise KqError(f"{wm[name]}: ended early while reading {name}")
                 got += n
+        PROFILE.add("read", t0, e.nbytes)
         return buf.view(TORCH_DTYPE[e.dtype]).reshape(e.shape)
 
     def load_expert(name: str):
@@ -228,18 +250,27 @@ def _write_shard(source: Source, sp, final: Path, paths: dict, expert_codes: Exp
             scale = load(name + "_scale_inv" if name + "_scale_inv" in wm else name + "_scale")
         return w, scale
 
+    def task(name: str):
+        w, scale = load_expert(name)
+        return expert_codes(name, w, scale) if fused else (w, scale)
+
+    workers = GPU_WORKERS if fused else READERS
+    ahead = max(PREFETCH, workers + 2)
     experts = list(dict.fromkeys(t.src for t in sp.tensors if t.action != "copy"))
     writer = StreamingShardWriter(final, [(t.name, t.dtype, t.shape) for t in sp.tensors], {"format": "pt"})
-    readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kq-read")
+    readers = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kq-read")
     wpool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kq-write")  # one worker: writes stay in order
     writes: deque = deque()
     try:
-        pending = {n: readers.submit(load_expert, n) for n in experts[:PREFETCH]}
-        nxt = PREFETCH
+        pending = {n: readers.submit(task, n) for n in experts[:ahead]}
+        nxt = ahead
         parts: dict[str, tuple] = {}
         for t in sp.tensors:
-            while len(writes) > 2 * PREFETCH:
-                writes.popleft().result()
+            if len(writes) > 2 * PREFETCH:
+                t0 = time.perf_counter()
+                while len(writes) > 2 * PREFETCH:
+                    writes.popleft().result()
+                PROFILE.add("wait:write", t0)
             if t.action == "copy":
                 entry = source.headers[wm[t.src]][t.src]
                 writes.append(wpool.submit(writer.copy_from, t.name, paths[wm[t.src]], entry))
@@ -247,11 +278,14 @@ def _write_shard(source: Source, sp, final: Path, paths: dict, expert_codes: Exp
                     progress.advance(sp.name, entry.nbytes)
                 continue
             if t.src not in parts:
-                w, scale = pending.pop(t.src).result()
+                t0 = time.perf_counter()
+                got = pending.pop(t.src).result()
+                PROFILE.add("wait:expert", t0)
                 if nxt < len(experts):
-                    pending[experts[nxt]] = readers.submit(load_expert, experts[nxt])
+                    pending[experts[nxt]] = readers.submit(task, experts[nxt])
                     nxt += 1
-                parts[t.src] = expert_codes(t.src, w, scale)
+                parts[t.src] = got if fused else expert_codes(t.src, *got)
+                del got
                 if progress:
                     progress.advance(sp.name, source.headers[wm[t.src]][t.src].nbytes)
             part = parts[t.src][("packed", "scale", "shape").index(t.action)]
