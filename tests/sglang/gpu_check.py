@@ -286,7 +286,7 @@ def moe_rows(folder: Path, group: int, tokens: list[int], dry: bool, marlin_ok: 
                 and info["kq_weights_equal_prepack_of_loaded"] and info.get("same_rank_slice_as_marlin_layer", True)
             log(json.dumps(r))
             rows.append(r)
-        del kq_layer, m_layer, raw
+        kq_layer = m_layer = raw = disps = None  # free this rank's GPU memory
         if DEV == "cuda":
             torch.cuda.empty_cache()
     reader.close()
@@ -447,6 +447,7 @@ def main() -> int:
     ap.add_argument("--warm-marlin", action="store_true", help="JIT-compile SGLang's Marlin MoE path and exit")
     ap.add_argument("--no-marlin", action="store_true", help="leave SGLang's Marlin apply out (kq rows only)")
     ap.add_argument("--no-load", action="store_true", help="leave the load timing out")
+    ap.add_argument("--prepare-only", action="store_true", help="step 1 only (quantize, shard), no SGLang")
     args = ap.parse_args()
     import logging
     import warnings
@@ -460,10 +461,15 @@ def main() -> int:
         fl._is_cpu = False
     elif args.warm_marlin:
         return warm_marlin()
-    from sglang.srt.plugins import load_plugins
-    load_plugins()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    models = [True] if args.only_full else [False, True] if args.full else [False]
+    if args.prepare_only:
+        for full in models:
+            print(prepare(work, full, args.tiny))
+        return 0
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
     res = {"device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run)", "torch": torch.__version__,
            "tolerance_rel": TOL, "sources": {}, "moe": [], "ranks": [], "load": [], "errors": []}
     try:
@@ -478,7 +484,7 @@ def main() -> int:
         except Exception as e:
             res["errors"].append(f"moe_sum_reduce shim: {type(e).__name__}: {e}"[:300])
     t_all = time.perf_counter()
-    for full in ([True] if args.only_full else [False, True] if args.full else [False]):
+    for full in models:
         name = "full" if full else "tiny"
         try:
             folder, group, what = prepare(work, full, args.tiny)
