@@ -340,6 +340,8 @@ def main() -> None:
     ev = Evaluator(a.eval_jobs, rows)
     calib_json = a.work / "calib_ids.json"
     groups = [int(g) for g in a.groups.split(",")]
+    if not all(g in (32, 64, 128) for g in groups):
+        sys.exit(f"--groups {a.groups}: use 32, 64 and/or 128")
     calib = ["--calib", str(CALIB), "--calib-samples", str(a.samples), "--calib-seqlen", str(a.seqlen)]
     skipped = []
     try:

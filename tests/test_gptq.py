@@ -97,3 +97,31 @@ def test_block_must_hold_whole_groups():
     W, H, _ = _problem()
     with pytest.raises(AssertionError):
         gptq_quantize(W, H, 32, block=48)
+
+
+def test_scale_refit_lowers_each_rows_hessian_error_codes_unchanged():
+    from kq.quantize.gptq import _damped
+    W, H, _ = _problem(seed=5)
+    for Hs in (H, H[:1]):                                                   # per expert and shared
+        Q, S = gptq_quantize(W, Hs, 16)
+        Q2, S2 = gptq_quantize(W, Hs, 16, refit=True)
+        assert torch.equal(Q, Q2) and S2.dtype == torch.bfloat16 and bool((S2 > 0).all())
+        Hd, _ = _damped(Hs, 0.01)
+
+        def err(s):
+            d = W - (Q.float().view(3, 24, 4, 16) * s.float()[..., None]).view(3, 24, 64)
+            return ((d @ Hd) * d).sum(-1)                                   # [E, out]
+        e1, e2 = err(S), err(S2)
+        assert bool((e2 <= e1).all()) and float(e2.sum()) < 0.99 * float(e1.sum())
+        changed = (S != S2).any(-1)
+        assert bool((e2[changed] < e1[changed]).all())                     # a row changes only to gain
+    # Before bf16 rounding, the refit is the least-squares solution (float64 check on one row).
+    Q, S = gptq_quantize(W, H, 16)
+    Hd, _ = _damped(H, 0.01)
+    M = torch.zeros(64, 4, dtype=torch.float64)
+    for j in range(4):
+        M[j * 16:(j + 1) * 16, j] = Q[1, 7, j * 16:(j + 1) * 16].double()
+    h = Hd[1].double()
+    s = torch.linalg.solve(M.T @ h @ M, M.T @ h @ W[1, 7].double())
+    S2 = gptq_quantize(W, H, 16, refit=True)[1]
+    assert torch.allclose(S2[1, 7].double(), s, rtol=2 ** -7) or torch.equal(S2[1, 7], S[1, 7])

@@ -172,3 +172,24 @@ def test_other_calibration_refuses_to_resume(tmp_path, small_glm5):
     other.write_text(calib.read_text()[::-1])
     r = run_kq("quantize", small_glm5, "--out", out, "--calib", other, *GPTQ_ARGS)
     assert r.returncode == 2 and "other calibration" in r.stderr, r.stderr
+
+
+def test_gptq_options_are_checked_before_any_work(tmp_path, small_glm5):
+    calib = _calib(tmp_path)
+    r = run_kq("quantize", small_glm5, "--out", tmp_path / "o", "--calib", calib, *GPTQ_ARGS, "--calib-policy", "some")
+    assert r.returncode == 2 and "--calib-policy some" in r.stderr, r.stderr
+    r = run_kq("quantize", small_glm5, "--out", tmp_path / "o", "--calib", calib, *GPTQ_ARGS, "--gptq-damp", "0")
+    assert r.returncode == 2 and "damp" in r.stderr, r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_refit_option_changes_the_work_fingerprint_default_does_not_move():
+    from kq.quantize.layerwise import fingerprint
+
+    class M:   # what fingerprint reads
+        reader = type("R", (), {"config": {"a": 1}})()
+        dtype = torch.float32
+    ids = torch.zeros(2, 4, dtype=torch.int64)
+    base = fingerprint(M, ids, GptqConfig(group=32))
+    assert fingerprint(M, ids, GptqConfig(group=32, refit=True)) != base
+    assert fingerprint(M, ids, GptqConfig(group=32, policy="routed")) != base
