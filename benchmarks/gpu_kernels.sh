@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the lent H200, from the repo root: the GPU kernel tests, then benchmarks/kernels.py (args passed on).
+# On the lent H200, from the repo root: the GPU kernel tests, then benchmarks/bench_kernels.py (args passed on).
 # Logs and the JSON tables land in $OUT. The SGLang peers need, carried along (both git-ignored):
 #   .whl/        sglang 0.5.23 + apache-tvm-ffi 0.1.11, orjson, pybase64, msgspec, pyzmq, dill, gguf, starlette,
 #                pydantic, pydantic-core, annotated-types, typing-inspection (Python 3.12 wheels)
@@ -18,15 +18,15 @@ fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 WARM=
 if [ -n "$MARLIN" ]; then
-  python3 benchmarks/kernels.py --warm-marlin > "$OUT/marlin_warm.log" 2>&1 &
+  python3 benchmarks/bench_kernels.py --warm-marlin > "$OUT/marlin_warm.log" 2>&1 &
   WARM=$!
 fi
 if [ -z "$SKIP_TESTS" ]; then
   python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py 2>&1 | tee "$OUT/pytest_gpu.log" | tail -15
 fi
-python3 benchmarks/kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v sweep
+python3 benchmarks/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v sweep
 if [ -n "$WARM" ]; then
   wait "$WARM"; tail -3 "$OUT/marlin_warm.log"
-  python3 benchmarks/kernels.py --out "$OUT" "$@" --no-kq --peers marlin --skip-dense --tag _marlin 2>&1 \
+  python3 benchmarks/bench_kernels.py --out "$OUT" "$@" --no-kq --peers marlin --skip-dense --tag _marlin 2>&1 \
     | tee "$OUT/bench_marlin.log" | grep -v sweep
 fi

@@ -126,7 +126,8 @@ def w4a16_gemm_kernel(
     GROUP: tl.constexpr,
     DENSE: tl.constexpr,
     GATED: tl.constexpr,                    # w13: columns n (gate) and up_offset + n (up)
-    SPLIT_K: tl.constexpr,                  # > 1: write fp32 partial sums, a reduce kernel finishes
+    PARTIALS: tl.constexpr,                 # split K: write fp32 partial sums, a reduce kernel finishes
+                                            # (a flag, not the split count: one compile for every split)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr = 128,            # inputs per loop iteration, 128 or 256: at 256 both blocks'
                                             # weight tiles are loaded before the first dot (twice the
@@ -167,7 +168,7 @@ def w4a16_gemm_kernel(
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
-    kb_lo = pid_s * kblocks_per_split          # the host makes SPLIT_K divide the K blocks
+    kb_lo = pid_s * kblocks_per_split          # the host makes split_k divide the K blocks
     kb_hi = kb_lo + kblocks_per_split
     for kb in range(kb_lo, kb_hi, BLOCK_K // 128):
         # all of this iteration's weight loads first, then the dots (a 2nd block past the split's
@@ -186,7 +187,7 @@ def w4a16_gemm_kernel(
     o_mask = row_mask[:, None] & n_mask[None, :]
     o_ptrs = out_ptr + pid_s.to(tl.int64) * stride_os + out_rows.to(tl.int64)[:, None] * stride_om \
         + offs_n[None, :]
-    if SPLIT_K > 1:
+    if PARTIALS:
         tl.store(o_ptrs, acc_g, mask=o_mask)
         if GATED:
             tl.store(o_ptrs + N, acc_u, mask=o_mask)

@@ -139,7 +139,7 @@ def _launch_gemm(a, q, s, out, k, n, group, cfg: TileConfig, *, rows=0, routing=
         pairs, blk_e, blk_s, blk_c,
         rows, n, k, up_offset, per_split,
         A_ROW_DIV=a_row_div, GROUP=group, DENSE=routing is None, GATED=gated,
-        SPLIT_K=cfg.split_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        PARTIALS=cfg.split_k > 1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         DEQ=0 if _INTERPRETED else (2 if cfg.block_m < 64 else 1),   # see w4a16_gemm_kernel
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
