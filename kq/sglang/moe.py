@@ -16,7 +16,7 @@ import torch
 from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase
 from sglang.srt.utils import set_weight_attrs
 
-from kq.kernels import PrepackedMoE, fused_moe_w4a16, prepack_moe
+from kq.kernels import fused_moe_w4a16, prepack_moe
 from kq.sglang import rank_loader
 
 
@@ -86,25 +86,10 @@ class KqMoEMethod(FusedMoEMethodBase):
         x = dispatch_output.hidden_states
         topk_weights, topk_ids = dispatch_output.topk_output[0], dispatch_output.topk_output[1]
         rsf = self.moe_runner_config.routed_scaling_factor
-        ids, kw = self._local_ids(layer, topk_ids)
-        out = fused_moe_w4a16(x, layer.kq_moe, topk_weights.float(), ids,
-                              routed_scaling_factor=1.0 if rsf is None else float(rsf), **kw)
+        # SGLang's standard dispatcher hands local expert ids, -1 for experts on other EP ranks;
+        # kq's kernels skip -1 themselves (routing table and combine), so no expert map is needed.
+        out = fused_moe_w4a16(x, layer.kq_moe, topk_weights.float(), topk_ids.to(torch.int32),
+                              routed_scaling_factor=1.0 if rsf is None else float(rsf))
         return StandardCombineInput(hidden_states=out)
 
     apply_weights = apply  # the scheme-level name used by SGLang's compressed-tensors schemes
-
-    @staticmethod
-    def _local_ids(layer, topk_ids):
-        """SGLang's standard dispatcher already maps ids to local ones, -1 for experts on other EP
-        ranks. kq's kernels take -1 only through an expert map, so route -1 to an extra slot that
-        maps to -1."""
-        ids = topk_ids.to(torch.int32)
-        if getattr(layer, "moe_ep_size", 1) <= 1:
-            return ids, {}
-        pp: PrepackedMoE = layer.kq_moe
-        emap = getattr(layer, "_kq_drop_map", None)
-        if emap is None or emap.device != ids.device:
-            emap = torch.arange(pp.num_experts + 1, dtype=torch.int32, device=ids.device)
-            emap[-1] = -1
-            layer._kq_drop_map = emap
-        return torch.where(ids < 0, pp.num_experts, ids), {"expert_map": emap}
