@@ -5,8 +5,12 @@
 #          llmcompressor 0.14.0.1, compressed-tensors 0.19.0, loguru, pydantic + pydantic-core,
 #          annotated-types, typing-inspection, typing-extensions, and datasets + multiprocess + dill,
 #          which `import llmcompressor` pulls in through its dataset arguments)
+# Default rows (one call, ~3 min of commands on a warm machine): llm-compressor, kq with default
+# options (--jobs 4), kq --jobs 8, then the same two with KQ_PROFILE=1 (kq's per-stage breakdown,
+# printed under the table). The full layer is 5 source shards of ~2 GB and kq writes one output
+# shard per source shard, so --jobs 4 leaves a 5th shard running alone at the end; --jobs 8 does not.
 # Knobs: LAYERS (MoE layers of ~9.9 GB each, default 1), RUNS, DEADLINE_S (no run starts after it),
-#        RUN_TIMEOUT_S (a run is killed after it),
+#        RUN_TIMEOUT_S (a run is killed after it), MAX_SHARD_MB (cut the generated layer finer),
 #        WORK (scratch folder on the local disk). KQ_BENCH_DRY=1 rehearses the logic on this CPU
 #        machine: tiny checkpoint, device cpu, .venv / .venv-llmc interpreters, wheels only unpacked.
 #
@@ -29,9 +33,11 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 WORK=${WORK:-/tmp/kq-rtn}
 LAYERS=${LAYERS:-1}
-RUNS=${RUNS:-kq,llmc,kq-absmax,llmc-w4,llmc-mse}
-DEADLINE_S=${DEADLINE_S:-300}
-RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-120}
+RUNS=${RUNS:-llmc,kq,kq-j8,kq-j4-prof,kq-j8-prof}
+DEADLINE_S=${DEADLINE_S:-170}
+RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-90}
+EXTRA=(--shards)
+[ -n "$MAX_SHARD_MB" ] && EXTRA+=(--max-shard-mb "$MAX_SHARD_MB")
 SITE=/tmp/site
 if [ -n "$KQ_BENCH_DRY" ]; then
   PY=.venv/bin/python; LLMC_PY=.venv-llmc/bin/python; SIZE=tiny; DEV=cpu; SITE=/tmp/site-dry
@@ -64,7 +70,8 @@ if ! "$LLMC_PY" -c "from llmcompressor.entrypoints.model_free import model_free_
   RUNS=$(echo "$RUNS" | tr ',' '\n' | grep -v '^llmc' | paste -sd,)
 fi
 "$PY" benchmarks/rtn.py --size "$SIZE" --layers "$LAYERS" --device "$DEV" --runs "$RUNS" \
-  --llmc-python "$LLMC_PY" --work "$WORK" --deadline-s "$DEADLINE_S" --run-timeout-s "$RUN_TIMEOUT_S" 2>&1 | tee "$OUT/rtn.log"
+  --llmc-python "$LLMC_PY" --work "$WORK" --deadline-s "$DEADLINE_S" --run-timeout-s "$RUN_TIMEOUT_S" \
+  "${EXTRA[@]}" 2>&1 | tee "$OUT/rtn.log"
 rc=$?
 rm -rf "$WORK"
 exit $rc

@@ -1,11 +1,13 @@
 """kq's RTN quantizer end to end, beside llm-compressor's `model_free_ptq`, on one generated checkpoint.
 
     python benchmarks/rtn.py --size tiny|medium|full [--layers N] [--device cpu|cuda]
-                             [--runs kq,kq-absmax,llmc] [--llmc-python PATH] [--work DIR]
+                             [--runs kq,kq-absmax,llmc] [--llmc-python PATH] [--work DIR] [--profile]
 
 What runs, each in its own subprocess (so one run's memory cannot hide in another's):
   kq          `python -m kq quantize SRC --out OUT --json --device D --group-size G` (clip mse, the default)
   kq-absmax   the same with `--clip absmax`
+  kq-jN, kq-absmax-jN   the same with `--jobs N` (output shards written at once; kq's default is 4 on a GPU)
+  …-prof      any kq run with KQ_PROFILE=1 (see --profile), e.g. kq-j8-prof
   llmc        llm-compressor 0.14's `model_free_ptq`, shard by shard from block FP8 through
               compressed-tensors' FP8BlockDequantizer, RTN W4A16: int4, symmetric, group G,
               targets = the routed experts only (the regex below), its default observer
@@ -27,6 +29,11 @@ The llm-compressor runs need llmcompressor 0.14 + compressed-tensors 0.19, which
 venv with sglang's pins: --llmc-python names the interpreter that has them (default: .venv-llmc
 here, the current python when it imports llmcompressor, e.g. with wheels on PYTHONPATH).
 JSON goes to $OUT/rtn.json when $OUT is set.
+
+--profile runs kq with KQ_PROFILE=1: kq prints one line to stderr with the wall time per stage
+summed over its threads (read, h2d, kernel, d2h, write, sha256, fsync, waits; see
+kq/checkpoint/safetensors_io.py Profile); it lands in the row ("profile") and under the table.
+The GPU stages are then separated by stream syncs, so a profiled run is slightly slower.
 """
 from __future__ import annotations
 
@@ -113,13 +120,15 @@ def packed_count(out: Path) -> int:
     return sum(k.endswith(".weight_packed") for k in json.loads(idx.read_text())["weight_map"])
 
 
-def generate(size: str, layers: int, dst: Path) -> dict:
+def generate(size: str, layers: int, dst: Path, max_shard_mb: int | None = None) -> dict:
     sys.path.insert(0, str(REPO))
     from kq.synth import generate as gen
 
     opts = dict(SIZES[size])
     if size != "tiny":
         opts["num_layers"] = layers
+    if max_shard_mb:
+        opts["max_shard_bytes"] = max_shard_mb << 20
     t0 = time.perf_counter()
     gen("glm5", dst, overwrite=True, **opts)
     return {"options": opts, "seconds": round(time.perf_counter() - t0, 1)}
@@ -130,7 +139,10 @@ def run_cmd(name: str, args, src: Path, out: Path, llmc_python: str) -> list[str
     if name.startswith("kq"):
         cmd = [sys.executable, "-m", "kq", "quantize", str(src), "--out", str(out), "--json",
                "--device", args.device, "--group-size", str(args.group)]
-        return cmd + (["--clip", "absmax"] if name == "kq-absmax" else [])
+        base, _, jobs = name.removesuffix("-prof").partition("-j")
+        if jobs:
+            cmd += ["--jobs", jobs]
+        return cmd + (["--clip", "absmax"] if base == "kq-absmax" else [])
     workers = int(name[len("llmc-w"):]) if name.startswith("llmc-w") else 1
     observer = "memoryless_mse" if name == "llmc-mse" else None  # its "mse" maps to a missing "static_mse" in 0.14
     cmd = [llmc_python, me, "--peer-llmc", str(src), str(out), "--device", args.device,
@@ -158,6 +170,8 @@ def one_run(name: str, args, src: Path, src_bytes: int, llmc_python: str, logs: 
     cmd = run_cmd(name, args, src, out, llmc_python)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    if name.startswith("kq") and (args.profile or name.endswith("-prof")):
+        env["KQ_PROFILE"] = "1"
     with open(logs / f"{name}.out", "wb") as so, open(logs / f"{name}.err", "wb") as se:
         w = run_watched(cmd, env=env, stdout=so, stderr=se, timeout=timeout)
     row = {"run": name, "rc": w["rc"], "wall_s": round(w["wall_s"], 2), "cpu_s": round(w["cpu_s"], 1),
@@ -169,14 +183,19 @@ def one_run(name: str, args, src: Path, src_bytes: int, llmc_python: str, logs: 
         print(f"[{name}] FAILED rc={w['rc']}:\n{row['error_tail']}", file=sys.stderr)
         return row
     lines = [ln for ln in (logs / f"{name}.out").read_text().splitlines() if ln.startswith("{")]
-    tool_s = json.loads(lines[-1])["seconds"] if lines else w["wall_s"]
+    summary = json.loads(lines[-1]) if lines else {}
+    tool_s = summary.get("seconds", w["wall_s"])
+    if "profile" in summary:
+        row["profile"] = summary["profile"]
+        row["profile_line"] = next((ln for ln in (logs / f"{name}.err").read_text(errors="replace").splitlines()
+                                    if ln.startswith("kq profile:")), "")
     row |= {"tool_s": round(tool_s, 2), "gbps_wall": round(src_bytes / w["wall_s"] / 1e9, 4),
             "gbps_tool": round(src_bytes / tool_s / 1e9, 4), "output_bytes": folder_bytes(out),
             "int4_tensors": packed_count(out)}
     row["proj_756gb_min"] = round(FULL_CHECKPOINT_BYTES / (row["gbps_tool"] * 1e9) / 60, 1)
     if not args.keep:
         shutil.rmtree(out, ignore_errors=True)  # disk on the GPU machine is 64 GB
-    print(f"[{name}] " + json.dumps({k: v for k, v in row.items() if k != "error_tail"}), flush=True)
+    print(f"[{name}] " + json.dumps({k: v for k, v in row.items() if k not in ("error_tail", "profile")}), flush=True)
     return row
 
 
@@ -261,7 +280,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu or cuda (both tools)")
     ap.add_argument("--group", type=int, default=128, help="INT4 group size (kq's GLM-5 default)")
     ap.add_argument("--runs", default="kq,kq-absmax,llmc",
-                    help="comma list of kq, kq-absmax, llmc, llmc-mse, llmc-wN")
+                    help="comma list of kq, kq-absmax, kq-jN, kq-absmax-jN (…-prof), llmc, llmc-mse, llmc-wN")
     ap.add_argument("--llmc-python", default=None)
     ap.add_argument("--work", default=os.environ.get("KQ_BENCH_WORK", "/tmp/kq-rtn-bench"))
     ap.add_argument("--src", default=None, help="reuse this checkpoint instead of generating one")
@@ -269,6 +288,14 @@ def main() -> None:
                     help="start no run later than this many seconds after the script started")
     ap.add_argument("--run-timeout-s", type=float, default=None, help="kill a run after this long")
     ap.add_argument("--keep", action="store_true", help="keep the outputs (and a generated source)")
+    ap.add_argument("--profile", action="store_true",
+                    help="every kq run with KQ_PROFILE=1 (a run named …-prof gets it alone): per-stage "
+                         "thread-seconds in the row and under the table")
+    ap.add_argument("--shards", action="store_true", help="print the source's shard files and sizes")
+    ap.add_argument("--max-shard-mb", type=int, default=None,
+                    help="cut the generated checkpoint into shards of about this size (full: 2048, i.e. 5 shards "
+                         "a layer; kq writes one output shard per source shard, so fewer shards than --jobs "
+                         "leaves jobs idle)")
     # the peer, run in its own interpreter
     ap.add_argument("--peer-llmc", nargs=2, metavar=("SRC", "OUT"))
     ap.add_argument("--workers", type=int, default=1)
@@ -297,11 +324,15 @@ def main() -> None:
         src = Path(args.src)
     else:
         src = work / f"src-{args.size}"
-        info["generate"] = generate(args.size, args.layers, src)
+        info["generate"] = generate(args.size, args.layers, src, args.max_shard_mb)
         print(f"generated {src} in {info['generate']['seconds']} s", flush=True)
     src_bytes = safetensor_bytes(src)
     info["source_bytes"] = src_bytes
     info["warm_s"] = round(warm(src), 2)
+    info["shards"] = {f.name: f.stat().st_size for f in sorted(src.glob("*.safetensors"))}
+    if args.shards:
+        print(f"{len(info['shards'])} source shards: "
+              + ", ".join(f"{n} {b / 1e9:.3f} GB" for n, b in info["shards"].items()), flush=True)
     print(f"source {src_bytes / 1e9:.3f} GB of safetensors; page cache warmed in {info['warm_s']} s", flush=True)
 
     rows = []
@@ -328,7 +359,10 @@ def main() -> None:
           "the time around model_free_ptq); CPU s = user+sys of the process tree, start-up included; "
           "peak anon RSS = RssAnon (not file-backed) summed over the process tree, sampled from /proc every "
           "20 ms; source in page cache; 756 GB projection = 756e9 / tool GB/s.",
+          f"source: {len(info['shards'])} safetensors shards of {min(info['shards'].values()) / 1e9:.2f}–"
+          f"{max(info['shards'].values()) / 1e9:.2f} GB (kq writes one output shard per source shard)",
           "", table(rows, peer)]
+    md += [f"{r['run']}: {r['profile_line']}" for r in rows if r.get("profile_line")]
     text = "\n".join(md)
     info["table"] = text
     print("\n" + text, flush=True)
