@@ -6,7 +6,8 @@
 # (tests/sglang/gpu_check.py; its docstring says what is compared and the tolerances).
 #
 # Carry (git-ignored): .whl (sglang 0.5.23 + small deps, see gpu_kernels.sh) and .gpu
-# (stubs/IPython, stubs/sgl_kernel/{__init__,scalar_type}.py, peer_moe_bench.py).
+# (stubs/IPython, stubs/sgl_kernel/{__init__,scalar_type}.py, peer_moe_bench.py, ct/: compressed-tensors
+# 0.18.0 and loguru wheels).
 # Whole run < 8 min wall (TOTAL_S, default 470): SGLang's Marlin JIT build (~5 min the first time
 # on a machine) runs in the background from the start while the checkpoints are generated,
 # quantized and sharded, and the kq-only rows and load timings run; the Marlin comparison runs
@@ -26,9 +27,11 @@ TOKENS=${TOKENS:-1,16,64}
 left() { echo $((TOTAL_S - SECONDS)); }
 lim() { local n=$(( TOTAL_S - SECONDS - $1 )); [ "$n" -lt 10 ] && n=10; echo "$n"; }  # timeout 0 = none
 
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || { echo "wheel install failed"; exit 1; }
-export PYTHONPATH=/tmp/site:$PWD/.gpu/stubs:$PWD
+# .gpu/ct: compressed-tensors 0.18.0 (SGLang 0.5.23's pin) + loguru; SGLang's compressed-tensors config imports it.
+SITE=${SGL_SITE:-/tmp/site}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
+  .gpu/ct/*.whl || { echo "wheel install failed"; exit 1; }
+export PYTHONPATH=$SITE:$PWD/.gpu/stubs:$PWD
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 echo "JIT cache: ${SGLANG_JIT_CACHE_DIR:-$HOME/.cache/sglang/jit}" | tee -a "$OUT/gpu.txt"
