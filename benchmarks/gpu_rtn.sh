@@ -74,4 +74,10 @@ fi
   "${EXTRA[@]}" 2>&1 | tee "$OUT/rtn.log"
 rc=$?
 rm -rf "$WORK"
+# Correctness of kq's GPU path in the same call (after the timings): deterministic across --jobs,
+# equal to the Triton kernel called plainly, non-finite scales refused. GPU_TESTS=0 skips it.
+if [ -z "$KQ_BENCH_DRY" ] && [ "${GPU_TESTS:-1}" != 0 ]; then
+  timeout 120 "$PY" -m pytest -q -m gpu tests/test_run_gpu.py -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+fi
 exit $rc

@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
+import hashlib
 import json
 import os
 import platform
@@ -192,6 +193,10 @@ def one_run(name: str, args, src: Path, src_bytes: int, llmc_python: str, logs: 
     row |= {"tool_s": round(tool_s, 2), "gbps_wall": round(src_bytes / w["wall_s"] / 1e9, 4),
             "gbps_tool": round(src_bytes / tool_s / 1e9, 4), "output_bytes": folder_bytes(out),
             "int4_tensors": packed_count(out)}
+    man = out / "kq-manifest.json"
+    if man.exists():  # kq rows of one clip mode must agree byte for byte, whatever --jobs or profiling
+        files = json.loads(man.read_text())["files"]
+        row["output_sha"] = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
     row["proj_756gb_min"] = round(FULL_CHECKPOINT_BYTES / (row["gbps_tool"] * 1e9) / 60, 1)
     if not args.keep:
         shutil.rmtree(out, ignore_errors=True)  # disk on the GPU machine is 64 GB
@@ -363,6 +368,13 @@ def main() -> None:
           f"{max(info['shards'].values()) / 1e9:.2f} GB (kq writes one output shard per source shard)",
           "", table(rows, peer)]
     md += [f"{r['run']}: {r['profile_line']}" for r in rows if r.get("profile_line")]
+    for clip in ("kq", "kq-absmax"):
+        shas = {r["run"]: r["output_sha"] for r in rows if r.get("output_sha")
+                and r["run"].removesuffix("-prof").partition("-j")[0] == clip}
+        if len(shas) > 1:
+            same = len(set(shas.values())) == 1
+            info.setdefault("kq_outputs_identical", {})[clip] = same
+            md.append(f"{clip} rows {', '.join(shas)}: output sha256s {'identical' if same else 'DIFFER: ' + json.dumps(shas)}")
     text = "\n".join(md)
     info["table"] = text
     print("\n" + text, flush=True)
