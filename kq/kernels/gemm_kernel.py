@@ -173,11 +173,12 @@ def w4a16_gemm_kernel(
     for kb in range(kb_lo, kb_hi, BLOCK_K // 128):
         # all of this iteration's weight loads first, then the dots (a 2nd block past the split's
         # end, when its block count is odd, is masked to zero codes and adds exactly 0)
-        wg0, wu0 = _load_block(q_base, stride_qk, kb, kb < kb_hi, offs_n, n_mask, up_offset, GATED, DEQ)
+        # (the first block is always inside the split: `True` keeps its loads unpredicated by it)
+        wg0, wu0 = _load_block(q_base, stride_qk, kb, True, offs_n, n_mask, up_offset, GATED, DEQ)
         if BLOCK_K == 256:
             wg1, wu1 = _load_block(q_base, stride_qk, kb + 1, kb + 1 < kb_hi, offs_n, n_mask, up_offset,
                                    GATED, DEQ)
-        acc_g, acc_u = _block_dot(a_base, row_mask, wg0, wu0, kb, kb < kb_hi, K, s_base, stride_sg, up_offset,
+        acc_g, acc_u = _block_dot(a_base, row_mask, wg0, wu0, kb, True, K, s_base, stride_sg, up_offset,
                                   offs_n, n_mask, acc_g, acc_u, GROUP, GATED, DEQ, BLOCK_M, BLOCK_N)
         if BLOCK_K == 256:
             acc_g, acc_u = _block_dot(a_base, row_mask, wg1, wu1, kb + 1, kb + 1 < kb_hi, K, s_base,
