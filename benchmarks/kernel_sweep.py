@@ -122,7 +122,7 @@ def sweep(case: dict, run, want, rows_of, bytes_moved: float, cands, peers: dict
             if ARGS.corrupt_last and i == len(cands) - 1:
                 got = got * 1.1
             err = rel(got, want)
-            row["rel_err"] = err
+            row["rel_err"], row["max_abs_err"] = err, (got.float() - want.float()).abs().max().item()
             if not err < TOL[case["op"]]:
                 row["status"] = "FAIL"
             else:
