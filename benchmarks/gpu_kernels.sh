@@ -15,8 +15,9 @@ PY=${PY:-python3}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if [ -z "$DRY" ] && ls .whl/*.whl >/dev/null 2>&1; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD/.gpu/stubs:$PWD
+  SITE=${KQ_SITE:-/tmp/site}  # another script running beside this one on the same machine needs its own
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
+  export PYTHONPATH=$SITE:$PWD/.gpu/stubs:$PWD
 else
   export PYTHONPATH=$PWD
 fi
