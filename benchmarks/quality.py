@@ -94,7 +94,10 @@ try:
 except SystemExit as e:
     if e.code not in (0, None): raise
 finally:
-    json.dump({"seconds": time.time() - t, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}, open(out, "w"))
+    # VmHWM (this process's own peak, fresh at exec); ru_maxrss would carry the parent's RSS at fork.
+    hwm = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")]
+    kb = hwm[0] if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    json.dump({"seconds": time.time() - t, "peak_rss_mb": kb / 1024}, open(out, "w"))
 """
 
 LLMC_ONESHOT = """
