@@ -31,6 +31,8 @@ lim() { local n=$(( TOTAL_S - SECONDS - $1 )); [ "$n" -lt 10 ] && n=10; echo "$n
 SITE=${SGL_SITE:-/tmp/site}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
   .gpu/ct/*.whl || { echo "wheel install failed"; exit 1; }
+# The sgl_kernel stand-in (placeholders for the compiled ops SGLang imports on CUDA; see its docstring).
+cp tests/sglang/stubs/sgl_kernel/__init__.py .gpu/stubs/sgl_kernel/__init__.py || exit 1
 export PYTHONPATH=$SITE:$PWD/.gpu/stubs:$PWD
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"

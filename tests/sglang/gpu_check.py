@@ -139,10 +139,13 @@ class LazyTensors:
 
 
 def shim_moe_sum_reduce():
-    """sgl_kernel.moe_sum_reduce stand-in (the stub package has only scalar_type). Returns
-    what it did, for the report."""
+    """sgl_kernel.moe_sum_reduce: the real op, or the torch stand-in of the stub package
+    (tests/sglang/stubs/sgl_kernel), installed here when the stub lacks it. Returns what ran."""
     import sgl_kernel
-    if hasattr(sgl_kernel, "moe_sum_reduce"):
+    f = getattr(sgl_kernel, "moe_sum_reduce", None)
+    if f is not None and not getattr(f, "_kq_placeholder", False):
+        if getattr(f, "_kq_stand_in", False):
+            return "torch stand-in for sgl_kernel.moe_sum_reduce (sum over top-k x rsf, fp32; stub package)"
         return "sgl_kernel.moe_sum_reduce (real)"
 
     def moe_sum_reduce(x, out, routed_scaling_factor):
