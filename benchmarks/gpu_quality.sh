@@ -65,5 +65,5 @@ if [ -n "$GPTQ_LAYER" ] || [ -n "$LAYER_ONLY" ]; then
   tail -1 "$OUT/gptq_layer.log" > "$OUT/gptq_layer.json"
   rm -rf /tmp/kq-gptq-layer
 fi
-rm -rf "$WORK/"*-g* "$WORK/bf16"
+[ -z "$LAYER_ONLY" ] && rm -rf "$WORK/"*-g* "$WORK/bf16"  # only what this run made (a LAYER_ONLY run beside it shares nothing)
 exit $rc

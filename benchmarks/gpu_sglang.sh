@@ -5,7 +5,8 @@
 # generated tiny GLM-5.2-layout model and one generated full-size GLM-5.2 layer
 # (tests/sglang/gpu_check.py; its docstring says what is compared and the tolerances).
 #
-# Carry (git-ignored): .whl (sglang 0.5.23 + small deps, see gpu_kernels.sh) and .gpu
+# Carry (git-ignored): .whl (sglang 0.5.23 + small deps, see gpu_kernels.sh; KQ_WHL=.whl-slim names a copy
+# whose sglang wheel lacks the Rust server extensions and test folders, 25 MB instead of 46) and .gpu
 # (stubs/IPython, stubs/sgl_kernel/{__init__,scalar_type}.py, peer_moe_bench.py, ct/: compressed-tensors
 # 0.18.0 and loguru wheels).
 # Whole run < 8 min wall (TOTAL_S, default 470): SGLang's Marlin JIT build (~5 min the first time
@@ -29,7 +30,7 @@ lim() { local n=$(( TOTAL_S - SECONDS - $1 )); [ "$n" -lt 10 ] && n=10; echo "$n
 
 # .gpu/ct: compressed-tensors 0.18.0 (SGLang 0.5.23's pin) + loguru; SGLang's compressed-tensors config imports it.
 SITE=${SGL_SITE:-/tmp/site}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "${KQ_WHL:-.whl}"/*.whl \
   .gpu/ct/*.whl || { echo "wheel install failed"; exit 1; }
 # The sgl_kernel stand-in (placeholders for the compiled ops SGLang imports on CUDA; see its docstring).
 cp tests/sglang/stubs/sgl_kernel/__init__.py .gpu/stubs/sgl_kernel/__init__.py || exit 1

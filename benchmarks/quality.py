@@ -295,8 +295,8 @@ GPTQ_VARIANTS = {  # key: (row name, extra `kq quantize` options)
     "gptq_damp01": ("kq GPTQ --gptq-damp 0.1", ["--gptq-damp", "0.1"]),
 }
 # Priority order: what the acceptance needs first (the table on disk is complete up to the last row).
-ORDER = ["gptq", "absmax", "llmc_gptq", "gptq_refit", "gptq_weighted", "gptq_routed", "gptq_damp01",
-         "naive", "mse", "llmc_free", "bf16"]
+ORDER = ["gptq", "absmax", "llmc_gptq", "naive", "gptq_refit", "gptq_weighted", "gptq_routed", "mse",
+         "gptq_damp01", "llmc_free", "bf16"]
 
 
 def main() -> None:

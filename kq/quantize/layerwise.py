@@ -29,6 +29,8 @@ import gc
 import hashlib
 import json
 import os
+import threading
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -93,6 +95,23 @@ def _moe_inputs(model: LayerwiseModel, layer, hidden: list[torch.Tensor], carry:
     return torch.cat(xs)
 
 
+@contextmanager
+def _tf32(device: torch.device):
+    """TF32 matmuls on CUDA for the Hessians and the down projection's inputs (fp32 accumulation,
+    10-bit-mantissa operands): about 8x faster on an H200, where the every-token down inputs of a
+    full-size layer dominate GPTQ's time; the 1% damping is far above that rounding. The solver
+    itself (error propagation through the inverse Hessian) stays in full fp32."""
+    if device.type != "cuda":
+        yield
+        return
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
 def _act(layer):
     return layer.mlp.experts.act_fn
 
@@ -117,7 +136,8 @@ def quantize_experts(layer, X: torch.Tensor, cfg: GptqConfig) -> tuple[dict, dic
         weight[topi[:, k].long(), tok] = topw[:, k].float()
     routed = weight > 0
     counts = routed.sum(1).tolist()
-    shared_h = (X.T @ X)[None] if cfg.policy == "all" else None                 # [1, H, H]
+    with _tf32(X.device):
+        shared_h = (X.T @ X)[None] if cfg.policy == "all" else None             # [1, H, H]
     out, fallback = {}, []
     for c0 in range(0, E, cfg.expert_chunk):
         ids = list(range(c0, min(c0 + cfg.expert_chunk, E)))
@@ -134,7 +154,8 @@ def quantize_experts(layer, X: torch.Tensor, cfg: GptqConfig) -> tuple[dict, dic
         # weighted: a token's error reaches the layer output scaled by its routing weight r,
         # so its squared error counts r^2 times: H = sum r^2 x x^T.
         rs = [weight[e][routed[e]][:, None] if cfg.policy == "weighted" else None for e in sel]
-        Hgu = shared_h if shared_h is not None else torch.stack([_gram(x, r) for x, r in zip(xs, rs)])
+        with _tf32(X.device):
+            Hgu = shared_h if shared_h is not None else torch.stack([_gram(x, r) for x, r in zip(xs, rs)])
         qgu, sgu = gptq_quantize(Wgu[sel].float(), Hgu, cfg.group, clip=cfg.clip, damp=cfg.damp, block=cfg.block,
                                  refit=cfg.refit)
         del Hgu
@@ -142,9 +163,10 @@ def quantize_experts(layer, X: torch.Tensor, cfg: GptqConfig) -> tuple[dict, dic
         Hd = []
         for j, x in enumerate(xs):
             wq = (qgu[j].float().view(two_i, -1, cfg.group) * sgu[j].float()[..., None]).view(two_i, -1)
-            g, u = (x @ wq.T).split(inter, dim=-1)
-            a = act(g) * u                                                        # [T_e, I]
-            Hd.append(_gram(a, rs[j]))
+            with _tf32(X.device):
+                g, u = (x @ wq.T).split(inter, dim=-1)
+                a = act(g) * u                                                    # [T_e, I]
+                Hd.append(_gram(a, rs[j]))
         qd, sd = gptq_quantize(Wd[sel].float(), torch.stack(Hd), cfg.group, clip=cfg.clip, damp=cfg.damp, block=cfg.block,
                                refit=cfg.refit)
         del Hd
@@ -356,17 +378,22 @@ def gptq_expert_codes(source, plan, out: Path, *, calib: str, samples: int, seql
                 summary["rtn_fallback"][str(i)] = stats["rtn_fallback"]
         _json_safe_write(work / "summary.json", summary)
 
+    # run_quantize calls this from several shard jobs at once (--jobs): the pass runs once,
+    # under the lock, and the others wait for it.
+    lock = threading.Lock()
+
     def expert_codes(name, w, scale):
-        if not files:
-            run_pass()
         m = expert_match(name)
         layer = int(m.group("layer")) if m else -1
+        with lock:
+            if not files:
+                run_pass()
+            if layer in files and layer not in handles:  # mmap'd: only the tensors asked for are read
+                handles[layer] = safe_open(str(files[layer]), framework="pt")
         if layer not in files:  # the MTP layer (never run by the causal forward): RTN
             wf = dequantize_source(w, scale, device)
             q, s = quantize_rtn(wf, plan.group_size, "mse")
             return pack_parts(q, s, wf.shape)
-        if layer not in handles:  # mmap'd: only the tensors asked for are read
-            handles[layer] = safe_open(str(files[layer]), framework="pt")
         t = handles[layer]
         if name + ".packed" not in t.keys():
             raise KqError(f"GPTQ results for layer {layer} have no {name}")
