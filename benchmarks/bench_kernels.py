@@ -14,8 +14,6 @@ combine). Peers: SGLang 0.5.23's Triton fused-MoE kernel in BF16, FP8 block-128 
 INT4 w4a16, and its JIT Marlin MoE (moe_wna16_marlin_gemm); dense: cuBLAS BF16, cuBLAS FP8
 (torch._scaled_mm, per-tensor scales), torch's int4 tinygemm (_weight_int4pack_mm).
 SGLang needs its wheels on PYTHONPATH (see benchmarks/gpu_kernels.sh).
-(Not named kernels.py: with benchmarks/ first on sys.path that would shadow the `kernels` package.)
-benchmarks/kernel_sweep.py imports the timing and peer helpers from here.
 """
 from __future__ import annotations
 
@@ -130,11 +128,8 @@ def sgl_align(topk_ids, block_m, e):
     return sorted_ids, expert_ids, total
 
 
-SGL_TILES = [(32, 128, 4), (64, 128, 3), (64, 128, 4), (128, 128, 3), (64, 64, 4), (128, 64, 3)]  # BN, BK, stages
-
-
-def sgl_triton_stage1(kind, e, n, k, m, topk, tis, tw, a, group, tiles=SGL_TILES):
-    """Best of a few tile configs (`tiles`) of SGLang's invoke_fused_moe_kernel for one weight format."""
+def sgl_triton_stage1(kind, e, n, k, m, topk, tis, tw, a, group):
+    """Best of a few tile configs of SGLang's invoke_fused_moe_kernel for one weight format."""
     import triton.language as tl
     from sglang.kernels.ops.moe.fused_moe_triton_kernels import invoke_fused_moe_kernel
     if kind == "bf16":
@@ -158,7 +153,7 @@ def sgl_triton_stage1(kind, e, n, k, m, topk, tis, tw, a, group, tiles=SGL_TILES
     bm = 16 if m * topk <= 4 * e else 64
     als = [sgl_align(t, bm, e) for t in tis]
     best = None
-    for bn, bk, st in tiles:
+    for bn, bk, st in [(32, 128, 4), (64, 128, 3), (64, 128, 4), (128, 128, 3), (64, 64, 4), (128, 64, 3)]:
         if kind == "fp8" and bk != 128:
             continue
         cfg = {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 1,
@@ -239,7 +234,7 @@ def moe_case(name, e, h, i, m, topk, groups, peers, sweep, r=12, kq=True):
         pp = random_moe(e, h, i, group)
         bpw = 0.5 + 2 / group
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        cfg1, cfg2 = kops.moe_configs(m * topk, e, h, i, sms, group, tokens=m)
+        cfg1, cfg2 = kops.moe_configs(m * topk, e, h, i, sms, group)
         cands = [cfg1]
         if sweep:
             kb = -(-h // PACK_K)
@@ -313,25 +308,6 @@ def moe_case(name, e, h, i, m, topk, groups, peers, sweep, r=12, kq=True):
 
 # ---------------------------------------------------------------- dense rows
 
-def cublas_us(a, n, k) -> dict:
-    """{"cublas_bf16": us, "cublas_fp8": us or an error string} for a [M, K] @ W^T [K, N], W rotated
-    over enough copies to exceed L2 (FP8: torch._scaled_mm, per-tensor scales)."""
-    copies = max(2, min(24, int(2e9 // (n * k * 2))))
-    wb = [torch.randn(n, k, device=DEV, dtype=torch.bfloat16) for _ in range(copies)]
-    res = {"cublas_bf16": graph_us([lambda w=w: a @ w.t() for w in wb])}
-    a8 = a.to(torch.float8_e4m3fn)
-    one = torch.tensor(1.0, device=DEV)
-    w8 = [w.to(torch.float8_e4m3fn) for w in wb]
-    try:
-        res["cublas_fp8"] = graph_us([lambda w=w: torch._scaled_mm(a8, w.t(), scale_a=one, scale_b=one,
-                                                                   out_dtype=torch.bfloat16) for w in w8])
-    except Exception as ex:
-        res["cublas_fp8"] = repr(ex)[:200]
-    del wb, w8
-    torch.cuda.empty_cache()
-    return res
-
-
 def dense_case(name, n, k, ms, peers, groups=(128,), kq=True, sweep=False):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for m in ms:
@@ -345,7 +321,7 @@ def dense_case(name, n, k, ms, peers, groups=(128,), kq=True, sweep=False):
                 q, s = random_prepacked(1, n, k, group)
                 ws.append(PrepackedLinear(q[0], s[0], n, k, group))
             us = graph_us([lambda w=w: kops.w4a16_linear(a, w) for w in ws])
-            cfg = ("dequant+cublas" if m >= kops.DEQUANT_GEMM_MIN_M else kops.dense_config(m, n, k, sms, group).__dict__)
+            cfg = ("dequant+cublas" if m >= kops.DEQUANT_GEMM_MIN_M else kops.dense_config(m, n, k, sms).__dict__)
             log({**base, "kind": f"kq_g{group}", "us": round(us, 2), "GBps": round(n * k * bpw / us / 1e3, 1),
                  "TFLOPs": round(2 * m * n * k / us / 1e6, 1), "cfg": cfg})
             if sweep:
@@ -366,13 +342,21 @@ def dense_case(name, n, k, ms, peers, groups=(128,), kq=True, sweep=False):
         if "dense" not in peers:
             continue
         copies = max(2, min(24, int(2e9 // (n * k * 2))))
-        for kind, res in cublas_us(a, n, k).items():
-            if isinstance(res, str):
-                log({**base, "kind": kind, "error": res})
-            else:
-                log({**base, "kind": kind, "us": round(res, 2),
-                     "GBps": round(n * k * (2 if kind == "cublas_bf16" else 1) / res / 1e3, 1),
-                     "TFLOPs": round(2 * m * n * k / res / 1e6, 1)})
+        wb = [torch.randn(n, k, device=DEV, dtype=torch.bfloat16) for _ in range(copies)]
+        us = graph_us([lambda w=w: a @ w.t() for w in wb])
+        log({**base, "kind": "cublas_bf16", "us": round(us, 2), "GBps": round(n * k * 2 / us / 1e3, 1),
+             "TFLOPs": round(2 * m * n * k / us / 1e6, 1)})
+        a8 = a.to(torch.float8_e4m3fn)
+        one = torch.tensor(1.0, device=DEV)
+        w8 = [w.to(torch.float8_e4m3fn) for w in wb]
+        try:
+            us = graph_us([lambda w=w: torch._scaled_mm(a8, w.t(), scale_a=one, scale_b=one,
+                                                         out_dtype=torch.bfloat16) for w in w8])
+            log({**base, "kind": "cublas_fp8", "us": round(us, 2), "GBps": round(n * k / us / 1e3, 1),
+                 "TFLOPs": round(2 * m * n * k / us / 1e6, 1)})
+        except Exception as ex:
+            log({**base, "kind": "cublas_fp8", "error": repr(ex)[:200]})
+        del wb, w8
         if m > 512:          # tinygemm is a decode kernel: 2.6 ms at M=512 already
             continue
         try:

@@ -5,9 +5,7 @@
 #                pydantic, pydantic-core, annotated-types, typing-inspection (Python 3.12 wheels)
 #   .gpu/stubs/  IPython stub (../shared/tools/stubs) and sgl_kernel/{__init__,scalar_type}.py (sgl_kernel 0.3.21)
 # MARLIN=1 also times SGLang's JIT Marlin MoE: its build (minutes) runs in the background meanwhile.
-# SWEEP=1: the tests, then benchmarks/kernel_sweep.py instead of bench_kernels.py (args passed on to it;
-#          it stops starting cases after --deadline-s, default 170 s); MARLIN is ignored.
-# DRY=1:   the same flow on a CPU (no wheels, no nvidia-smi; interpreter tests; the sweep with --dry);
+# DRY=1:   the same flow on a CPU (no wheels, no nvidia-smi; interpreter tests);
 #          PY picks the interpreter (default python3).
 set -o pipefail
 OUT=${OUT:-out}
@@ -25,7 +23,7 @@ if [ -z "$DRY" ]; then
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 fi
 WARM=
-if [ -n "$MARLIN" ] && [ -z "$SWEEP" ]; then
+if [ -n "$MARLIN" ]; then
   "$PY" benchmarks/bench_kernels.py --warm-marlin > "$OUT/marlin_warm.log" 2>&1 &
   WARM=$!
 fi
@@ -33,10 +31,6 @@ if [ -z "$SKIP_TESTS" ]; then
   if [ -n "$DRY" ]; then TESTS=tests/test_kernels_interpreter.py; else TESTS="-m gpu tests/test_kernels_gpu.py"; fi
   # shellcheck disable=SC2086
   "$PY" -m pytest -q -p no:cacheprovider $TESTS 2>&1 | tee "$OUT/pytest_gpu.log" | tail -15
-fi
-if [ -n "$SWEEP" ]; then
-  "$PY" benchmarks/kernel_sweep.py --out "$OUT" ${DRY:+--dry} "$@" 2>&1 | tee "$OUT/sweep.log"
-  exit $?
 fi
 "$PY" benchmarks/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v sweep
 if [ -n "$WARM" ]; then

@@ -308,7 +308,7 @@ def main() -> None:
     args = ap.parse_args()
 
     # Python put benchmarks/ first on sys.path; transformers probes for a package named `kernels`
-    # (HF's kernel hub) and would import benchmarks/kernels.py instead.
+    # (HF's kernel hub) and would import a benchmarks/kernels.py (now bench_kernels.py) instead.
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
     if args.peer_llmc:
         peer_llmc(*args.peer_llmc, args.device, args.group, args.workers, args.observer)

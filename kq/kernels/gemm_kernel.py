@@ -41,17 +41,12 @@ def _bf16_pairs(w, J: tl.constexpr):
     return c
 
 
-# A prepacked word whose eight nibbles are all 8 (q = 0): the fill of masked weight loads, so a
-# block past the end of a split adds exactly nothing.
-_Q_ZERO = tl.constexpr(-2004318072)        # 0x88888888 as int32
-
-
 @triton.jit
-def _dot_planes(a_base, row_mask, w, kb, j: tl.constexpr, K, ok, acc, offs_w, F32: tl.constexpr):
+def _dot_planes(a_base, row_mask, w, kb, j: tl.constexpr, K, acc, offs_w, F32: tl.constexpr):
     """Plain-ops path, one nibble plane at a time: nibble j+4i of word w is input 128kb+32j+2w+i."""
     for i in tl.static_range(2):
         kk = kb * 128 + j * 32 + i + 2 * offs_w
-        x = tl.load(a_base + kk[None, :], mask=row_mask[:, None] & ((kk < K) & ok)[None, :], other=0.0)
+        x = tl.load(a_base + kk[None, :], mask=row_mask[:, None] & (kk < K)[None, :], other=0.0)
         if F32:
             c = ((w >> (4 * (j + 4 * i))) & 0xF).to(tl.float32) - 8.0
             acc = tl.dot(x.to(tl.float32), c, acc)
@@ -59,59 +54,6 @@ def _dot_planes(a_base, row_mask, w, kb, j: tl.constexpr, K, ok, acc, offs_w, F3
             c = (((w >> (4 * (j + 4 * i))) & 0xF) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
             acc = tl.dot(x, c - 136.0, acc)
     return acc
-
-
-@triton.jit
-def _load_block(q_base, stride_qk, kb, ok, offs_n, n_mask, up_offset, GATED: tl.constexpr, DEQ: tl.constexpr):
-    """The gate (and up) int4 tile of 128-input block kb; `ok` False -> all-zero codes, no read."""
-    if DEQ < 2:
-        q_ptrs = q_base + (kb * 16 + tl.arange(0, 16))[:, None] * stride_qk + offs_n[None, :]    # [16, BN]
-    else:
-        # [32, BN]: row r is word r // 2, so each thread's (k, k+1) pair of the B fragment
-        # sees the one word that holds both (the compiler loads it once)
-        q_ptrs = q_base + (kb * 16 + tl.arange(0, 32) // 2)[:, None] * stride_qk + offs_n[None, :]
-    m = n_mask[None, :] & ok
-    wg = tl.load(q_ptrs, mask=m, other=_Q_ZERO)
-    wu = wg
-    if GATED:
-        wu = tl.load(q_ptrs + up_offset, mask=m, other=_Q_ZERO)
-    return wg, wu
-
-
-@triton.jit
-def _block_dot(a_base, row_mask, wg, wu, kb, ok, K, s_base, stride_sg, up_offset, offs_n, n_mask,
-               acc_g, acc_u, GROUP: tl.constexpr, GATED: tl.constexpr, DEQ: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """acc += the 128 inputs of block kb: exact integer-code dots per group, then one scale multiply
-    per group and output on the fp32 partial sums (the same order whatever BLOCK_K is)."""
-    SUBS_PER_GROUP: tl.constexpr = (GROUP if GROUP < 128 else 128) // 32
-    offs_w = tl.arange(0, 16)
-    offs_k32 = tl.arange(0, 32)
-    part_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    part_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for j in tl.static_range(4):           # inputs 128kb + 32j .. +31, all in one group
-        if DEQ < 2:
-            part_g = _dot_planes(a_base, row_mask, wg, kb, j, K, ok, part_g, offs_w, DEQ == 0)
-            if GATED:
-                part_u = _dot_planes(a_base, row_mask, wu, kb, j, K, ok, part_u, offs_w, DEQ == 0)
-        else:
-            kk = kb * 128 + j * 32 + offs_k32
-            x = tl.load(a_base + kk[None, :], mask=row_mask[:, None] & ((kk < K) & ok)[None, :], other=0.0)
-            part_g = tl.dot(x, _bf16_pairs(wg, j) - 136.0, part_g)
-            if GATED:
-                part_u = tl.dot(x, _bf16_pairs(wu, j) - 136.0, part_u)
-        if (j + 1) % SUBS_PER_GROUP == 0:
-            g = (kb * 128 + j * 32) // GROUP
-            s_mask = n_mask & ok
-            sg = tl.load(s_base + g * stride_sg + offs_n, mask=s_mask, other=0.0).to(tl.float32)
-            acc_g += part_g * sg[None, :]
-            part_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            if GATED:
-                su = tl.load(s_base + g * stride_sg + up_offset + offs_n, mask=s_mask,
-                             other=0.0).to(tl.float32)
-                acc_u += part_u * su[None, :]
-                part_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    return acc_g, acc_u
 
 
 @triton.jit
@@ -126,12 +68,8 @@ def w4a16_gemm_kernel(
     GROUP: tl.constexpr,
     DENSE: tl.constexpr,
     GATED: tl.constexpr,                    # w13: columns n (gate) and up_offset + n (up)
-    PARTIALS: tl.constexpr,                 # split K: write fp32 partial sums, a reduce kernel finishes
-                                            # (a flag, not the split count: one compile for every split)
+    SPLIT_K: tl.constexpr,                  # > 1: write fp32 partial sums, a reduce kernel finishes
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr = 128,            # inputs per loop iteration, 128 or 256: at 256 both blocks'
-                                            # weight tiles are loaded before the first dot (twice the
-                                            # bytes in flight per program; same summation order)
     DEQ: tl.constexpr = 2,                  # 2: inline-PTX pairs (mma.sync tiles, BLOCK_M < 64);
                                             # 1: plain bf16 ops (BLOCK_M >= 64, where Triton uses wgmma
                                             #    and the operand's register pairs run along N, not K);
@@ -160,6 +98,7 @@ def w4a16_gemm_kernel(
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
+    offs_w = tl.arange(0, 16)
 
     q_base = q_ptr + expert.to(tl.int64) * stride_qe
     s_base = s_ptr + expert.to(tl.int64) * stride_se
@@ -167,28 +106,49 @@ def w4a16_gemm_kernel(
 
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    SUBS_PER_GROUP: tl.constexpr = (GROUP if GROUP < 128 else 128) // 32
+    offs_k32 = tl.arange(0, 32)
 
-    kb_lo = pid_s * kblocks_per_split          # the host makes split_k divide the K blocks
-    kb_hi = kb_lo + kblocks_per_split
-    for kb in range(kb_lo, kb_hi, BLOCK_K // 128):
-        # all of this iteration's weight loads first, then the dots (a 2nd block past the split's
-        # end, when its block count is odd, is masked to zero codes and adds exactly 0)
-        # (the first block is always inside the split: `True` keeps its loads unpredicated by it)
-        wg0, wu0 = _load_block(q_base, stride_qk, kb, True, offs_n, n_mask, up_offset, GATED, DEQ)
-        if BLOCK_K == 256:
-            wg1, wu1 = _load_block(q_base, stride_qk, kb + 1, kb + 1 < kb_hi, offs_n, n_mask, up_offset,
-                                   GATED, DEQ)
-        acc_g, acc_u = _block_dot(a_base, row_mask, wg0, wu0, kb, True, K, s_base, stride_sg, up_offset,
-                                  offs_n, n_mask, acc_g, acc_u, GROUP, GATED, DEQ, BLOCK_M, BLOCK_N)
-        if BLOCK_K == 256:
-            acc_g, acc_u = _block_dot(a_base, row_mask, wg1, wu1, kb + 1, kb + 1 < kb_hi, K, s_base,
-                                      stride_sg, up_offset, offs_n, n_mask, acc_g, acc_u, GROUP, GATED,
-                                      DEQ, BLOCK_M, BLOCK_N)
+    kb_lo = pid_s * kblocks_per_split          # the host makes SPLIT_K divide the K blocks
+    for kb_i in range(0, kblocks_per_split):
+        kb = kb_lo + kb_i
+        if DEQ < 2:
+            q_ptrs = q_base + (kb * 16 + offs_w)[:, None] * stride_qk + offs_n[None, :]     # [16, BN]
+        else:
+            # [32, BN]: row r is word r // 2, so each thread's (k, k+1) pair of the B fragment
+            # sees the one word that holds both (the compiler loads it once)
+            q_ptrs = q_base + (kb * 16 + offs_k32 // 2)[:, None] * stride_qk + offs_n[None, :]
+        wg = tl.load(q_ptrs, mask=n_mask[None, :], other=0)
+        if GATED:
+            wu = tl.load(q_ptrs + up_offset, mask=n_mask[None, :], other=0)
+        part_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        part_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for j in tl.static_range(4):           # inputs 128kb + 32j .. +31, all in one group
+            if DEQ < 2:
+                part_g = _dot_planes(a_base, row_mask, wg, kb, j, K, part_g, offs_w, DEQ == 0)
+                if GATED:
+                    part_u = _dot_planes(a_base, row_mask, wu, kb, j, K, part_u, offs_w, DEQ == 0)
+            else:
+                kk = kb * 128 + j * 32 + offs_k32
+                x = tl.load(a_base + kk[None, :], mask=row_mask[:, None] & (kk < K)[None, :], other=0.0)
+                part_g = tl.dot(x, _bf16_pairs(wg, j) - 136.0, part_g)
+                if GATED:
+                    part_u = tl.dot(x, _bf16_pairs(wu, j) - 136.0, part_u)
+            if (j + 1) % SUBS_PER_GROUP == 0:
+                g = (kb * 128 + j * 32) // GROUP
+                sg = tl.load(s_base + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+                acc_g += part_g * sg[None, :]
+                part_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                if GATED:
+                    su = tl.load(s_base + g * stride_sg + up_offset + offs_n, mask=n_mask,
+                                 other=0.0).to(tl.float32)
+                    acc_u += part_u * su[None, :]
+                    part_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
     o_mask = row_mask[:, None] & n_mask[None, :]
     o_ptrs = out_ptr + pid_s.to(tl.int64) * stride_os + out_rows.to(tl.int64)[:, None] * stride_om \
         + offs_n[None, :]
-    if PARTIALS:
+    if SPLIT_K > 1:
         tl.store(o_ptrs, acc_g, mask=o_mask)
         if GATED:
             tl.store(o_ptrs + N, acc_u, mask=o_mask)

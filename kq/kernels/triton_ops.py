@@ -2,14 +2,13 @@
 
 No host synchronisation and no allocation whose size depends on routing data: every buffer
 and grid is sized from (T, top_k, E, shapes), so a call can be captured in a CUDA graph.
-Tile configs come from a fixed table measured offline (TUNED, filled from
-benchmarks/kernel_sweep.py), else from a fixed heuristic; no autotuning at run time. `config` /
-`configs` let the benchmark try others.
+Tile configs come from a fixed heuristic (no autotuning at run time); `config` lets the
+benchmark try others.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -30,7 +29,6 @@ class TileConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
-    block_k: int = 128      # inputs per loop iteration: 128, or 256 = two blocks' loads in flight at once
 
 
 def _num_sms(device: torch.device) -> int:
@@ -51,69 +49,25 @@ def _split_for(programs: int, kblocks: int, sms: int, waves: int = 2) -> int:
 DEQUANT_GEMM_MIN_M = 256
 
 
-# Measured best tiles, pasted from the end of benchmarks/kernel_sweep.py's output:
-#   (op, tokens bucket, group, shape) -> TileConfig
-# op: "dense" | "moe_gate_up" | "moe_down"; tokens bucket: the smallest of TOKEN_BUCKETS >= the
-# call's tokens (dense: rows M; MoE: tokens T, not pairs); shape: "NxK" of one weight matrix
-# (gate+up: "2IxH", down: "HxI", dense: "NxK") or "*" for any shape. split_k 0 = the heuristic's
-# split. An entry whose split_k does not divide the K blocks is ignored. Anything not in the
-# table (more than 64 tokens, other shapes) gets the heuristics below, which stay the fallback.
-TOKEN_BUCKETS = (1, 16, 64)
-TUNED: dict[tuple[str, int, int, str], TileConfig] = {}
-
-
-def tuned_config(op: str, tokens: int, group: int, n: int, k: int) -> TileConfig | None:
-    bucket = next((b for b in TOKEN_BUCKETS if tokens <= b), None)
-    if bucket is None:
-        return None
-    for shape in (f"{n}x{k}", "*"):
-        cfg = TUNED.get((op, bucket, group, shape))
-        if cfg is not None and (cfg.split_k == 0 or (-(-k // PACK_K)) % cfg.split_k == 0):
-            return cfg
-    return None
-
-
-def _auto_split(cfg: TileConfig, programs: int, k: int, sms: int, waves: int = 2) -> TileConfig:
-    """split_k 0 in a table entry: the heuristic's split for this grid."""
-    return replace(cfg, split_k=_split_for(programs, -(-k // PACK_K), sms, waves)) if cfg.split_k == 0 else cfg
-
-
-def dense_config(m: int, n: int, k: int, sms: int, group: int = 128) -> TileConfig:
-    """TUNED if it has (dense, M bucket, group, shape), else tiles picked from the H200 sweep
-    (benchmarks/results/kernels.md): BLOCK_M 16 up to 16 rows, 32 above (BLOCK_M 64 takes
-    Triton's wgmma path with the slow plain dequant, 5-10x slower)."""
-    t = tuned_config("dense", m, group, n, k)
-    if t is not None:
-        return _auto_split(t, triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n), k, sms,
-                           4 if m <= 16 else 2)
+def dense_config(m: int, n: int, k: int, sms: int) -> TileConfig:
+    """Tiles picked from the H200 sweep (benchmarks/results/kernels.md): BLOCK_M 16 up to 16 rows,
+    32 above (BLOCK_M 64 takes Triton's wgmma path with the slow plain dequant, 5-10x slower)."""
     kblocks = -(-k // PACK_K)
     if m <= 16:
         return TileConfig(16, 64, _split_for(triton.cdiv(n, 64), kblocks, sms, waves=4))
     return TileConfig(32, 128, _split_for(triton.cdiv(m, 32) * triton.cdiv(n, 128), kblocks, sms))
 
 
-def moe_configs(pairs: int, e: int, h: int, i: int, sms: int, group: int = 128,
-                tokens: int | None = None) -> tuple[TileConfig, TileConfig]:
+def moe_configs(pairs: int, e: int, h: int, i: int, sms: int, group: int = 128) -> tuple[TileConfig, TileConfig]:
     """(gate+up config, down config) for `pairs` = tokens * top_k routed over `e` experts.
 
-    Each stage takes TUNED's entry for (stage, tokens bucket, group, shape) when there is one
-    (`tokens` None: no table lookup). Otherwise, decode (<= 4 pairs per expert on average):
-    BLOCK_M 16, gate+up split over K until the grid covers the SMs twice; down with BLOCK_N 128
-    at group >= 64 (64 at group 32, whose per-group scale work favours narrower tiles).
-    Prefill: BLOCK_M 64 on 8 warps."""
+    Decode (<= 4 pairs per expert on average): BLOCK_M 16, gate+up split over K until the
+    grid covers the SMs twice; down with BLOCK_N 128 at group >= 64 (64 at group 32, whose
+    per-group scale work favours narrower tiles). Prefill: BLOCK_M 64 on 8 warps."""
     if pairs <= 4 * e:
         split1 = _split_for(max_blocks(pairs, e, 16) * triton.cdiv(i, 64), -(-h // PACK_K), sms)
-        c1, c2 = TileConfig(16, 64, split1), TileConfig(16, 128 if group >= 64 else 64, 1)
-    else:
-        c1, c2 = TileConfig(64, 64, 1, 8), TileConfig(64, 128, 1, 8)
-    if tokens is not None:
-        t1 = tuned_config("moe_gate_up", tokens, group, 2 * i, h)
-        t2 = tuned_config("moe_down", tokens, group, h, i)
-        if t1 is not None:
-            c1 = _auto_split(t1, max_blocks(pairs, e, t1.block_m) * triton.cdiv(i, t1.block_n), h, sms)
-        if t2 is not None:
-            c2 = _auto_split(t2, max_blocks(pairs, e, t2.block_m) * triton.cdiv(h, t2.block_n), i, sms)
-    return c1, c2
+        return TileConfig(16, 64, split1), TileConfig(16, 128 if group >= 64 else 64, 1)
+    return TileConfig(64, 64, 1, 8), TileConfig(64, 128, 1, 8)
 
 
 def _launch_gemm(a, q, s, out, k, n, group, cfg: TileConfig, *, rows=0, routing=None, a_row_div=1,
@@ -121,8 +75,6 @@ def _launch_gemm(a, q, s, out, k, n, group, cfg: TileConfig, *, rows=0, routing=
     kblocks = -(-k // PACK_K)
     if kblocks % cfg.split_k:
         raise ValueError(f"split_k {cfg.split_k} does not divide the {kblocks} K blocks of {PACK_K}")
-    if cfg.block_k not in (PACK_K, 2 * PACK_K):
-        raise ValueError(f"block_k {cfg.block_k} is not {PACK_K} or {2 * PACK_K}")
     per_split = kblocks // cfg.split_k
     if routing is None:
         pairs = blk_e = blk_s = blk_c = q                  # unused pointers in the dense case
@@ -139,7 +91,7 @@ def _launch_gemm(a, q, s, out, k, n, group, cfg: TileConfig, *, rows=0, routing=
         pairs, blk_e, blk_s, blk_c,
         rows, n, k, up_offset, per_split,
         A_ROW_DIV=a_row_div, GROUP=group, DENSE=routing is None, GATED=gated,
-        PARTIALS=cfg.split_k > 1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        SPLIT_K=cfg.split_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         DEQ=0 if _INTERPRETED else (2 if cfg.block_m < 64 else 1),   # see w4a16_gemm_kernel
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
@@ -169,7 +121,7 @@ def w4a16_linear(x: torch.Tensor, w: PrepackedLinear, *, config: TileConfig | No
     m = x2.shape[0]
     if config is None and m >= dequant_min_m:
         return (x2 @ dequantize(w)).reshape(*x.shape[:-1], n)
-    cfg = config or dense_config(m, n, k, _num_sms(x.device), w.group)
+    cfg = config or dense_config(m, n, k, _num_sms(x.device))
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if cfg.split_k == 1:
         _launch_gemm(x2, w.q, w.s, out, k, n, w.group, cfg, rows=m)
@@ -218,12 +170,7 @@ def moe_down(act, pp: PrepackedMoE, routing, cfg: TileConfig) -> torch.Tensor:
     """Stage 2: y[p] = act[p] @ down_e^T, [P, H] bf16 (rows of pairs with no local expert unwritten)."""
     p = act.shape[0]
     y = torch.empty(p, pp.hidden, dtype=act.dtype, device=act.device)
-    if cfg.split_k == 1:
-        _launch_gemm(act, pp.w2_q, pp.w2_s, y, pp.intermediate, pp.hidden, pp.group, cfg, routing=routing)
-    else:   # rows of pairs routed elsewhere stay unwritten in `part`; the combine never reads them
-        part = torch.empty(cfg.split_k, p, pp.hidden, dtype=torch.float32, device=act.device)
-        _launch_gemm(act, pp.w2_q, pp.w2_s, part, pp.intermediate, pp.hidden, pp.group, cfg, routing=routing)
-        _reduce(part, y, p, pp.hidden, gated=False)
+    _launch_gemm(act, pp.w2_q, pp.w2_s, y, pp.intermediate, pp.hidden, pp.group, cfg, routing=routing)
     return y
 
 
@@ -234,8 +181,7 @@ def fused_moe_w4a16(x: torch.Tensor, pp: PrepackedMoE, topk_weights: torch.Tenso
     t, h = x.shape
     k = topk_ids.shape[1]
     x = x.contiguous()
-    cfg1, cfg2 = configs or moe_configs(t * k, pp.num_experts, h, pp.intermediate, _num_sms(x.device), pp.group,
-                                        tokens=t)
+    cfg1, cfg2 = configs or moe_configs(t * k, pp.num_experts, h, pp.intermediate, _num_sms(x.device), pp.group)
     r1 = moe_align(topk_ids, pp.num_experts, cfg1.block_m, expert_map)
     act = moe_gate_up(x, pp, r1, k, cfg1)
     r2 = r1 if cfg2.block_m == cfg1.block_m else moe_align(topk_ids, pp.num_experts, cfg2.block_m, expert_map)
