@@ -5,7 +5,9 @@
 # generated tiny GLM-5.2-layout model and one generated full-size GLM-5.2 layer
 # (tests/sglang/gpu_check.py; its docstring says what is compared and the tolerances).
 #
-# Carry (git-ignored): .whl (sglang 0.5.23 + small deps, see gpu_kernels.sh; KQ_WHL=.whl-slim names a copy
+# Carry (git-ignored): .whl (sglang 0.5.23 + small deps, see gpu_kernels.sh, plus openai 2.8.0, distro, jiter,
+# sniffio and partial-json-parser: SGLang's FusedMoE import chain reaches its OpenAI protocol module and the
+# image lacks them (checked against KINDS.md's package list); KQ_WHL=.whl-slim names a copy
 # whose sglang wheel lacks the Rust server extensions and test folders, 25 MB instead of 46) and .gpu
 # (stubs/IPython, stubs/sgl_kernel/{__init__,scalar_type}.py, peer_moe_bench.py, ct/: compressed-tensors
 # 0.18.0 and loguru wheels).

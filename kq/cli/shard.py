@@ -15,6 +15,8 @@ def shard(
     folder: Path = typer.Argument(..., help="A finished kq checkpoint folder (written by kq quantize)."),
     tp: int = typer.Option(..., "--tp", help="Tensor-parallel degree SGLang will run at (--tp)."),
     ep: int = typer.Option(1, "--ep", help="Expert-parallel degree (SGLang's --ep-size); must divide --tp."),
+    device: str = typer.Option("auto", "--device", help="Where the prepack runs: auto (the GPU when there is "
+                               "one), cuda or cpu. Same files either way; the CPU takes minutes per full-size layer."),
     as_json: bool = typer.Option(False, "--json", help="Print a machine-readable summary on stdout."),
 ) -> None:
     """Write per-rank files of the routed experts, prepacked for kq's kernels, under
@@ -28,9 +30,13 @@ def shard(
 
     require(folder.is_dir(), f"{folder}: no such folder")
     require(tp >= 1 and ep >= 1, "--tp and --ep must be at least 1")
+    require(device in ("auto", "cpu", "cuda"), f"--device {device}: use auto, cuda or cpu")
+    if device == "cuda":
+        import torch
+        require(torch.cuda.is_available(), "--device cuda: no CUDA GPU visible")
     t0 = time.perf_counter()
     with stderr.status(f"cutting {folder} into {tp} ranks (EP {ep}) …"):
-        out = write_rank_shards(folder, tp, ep)
+        out = write_rank_shards(folder, tp, ep, None if device == "auto" else device)
     manifest = json.loads((out / "manifest.json").read_text())
     size = sum(f["size"] for f in manifest["files"].values())
     summary = {"out": str(out), "tp": tp, "ep": ep, "files": len(manifest["files"]), "bytes": size,

@@ -104,3 +104,26 @@ def test_shard_refuses_an_unfinished_folder(tmp_path):
 def test_shard_refuses_ep_not_dividing_tp(ckpt):
     r = kq("shard", ckpt, "--tp", 8, "--ep", 3)
     assert r.returncode == 2 and "must divide the TP degree" in r.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown when there is no GPU")
+def test_shard_device_cuda_without_gpu_is_one_line(ckpt, tmp_path):
+    import shutil
+    folder = shutil.copytree(ckpt, tmp_path / "int4", ignore=shutil.ignore_patterns("kq-shards"))
+    r = kq("shard", folder, "--tp", "2", "--device", "cuda")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "--device cuda: no CUDA GPU visible" in r.stderr
+    assert not (folder / "kq-shards").exists()
+
+
+@pytest.mark.gpu
+def test_shard_prepack_on_gpu_writes_the_cpu_bytes(ckpt, tmp_path):
+    import shutil
+    out = {}
+    for dev in ("cpu", "cuda"):
+        folder = shutil.copytree(ckpt, tmp_path / dev, ignore=shutil.ignore_patterns("kq-shards"))
+        r = kq("shard", folder, "--tp", "4", "--ep", "2", "--device", dev)
+        assert r.returncode == 0, r.stderr
+        out[dev] = {p.name: p.read_bytes() for p in sorted((folder / "kq-shards" / "tp4-ep2").iterdir())}
+    assert out["cpu"].keys() == out["cuda"].keys() and len(out["cpu"]) == 5   # 4 rank files + manifest
+    assert out["cpu"] == out["cuda"]
