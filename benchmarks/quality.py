@@ -302,7 +302,7 @@ ORDER = ["gptq", "absmax", "llmc_gptq", "naive", "gptq_refit", "gptq_weighted", 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--groups", default="32,128")
-    ap.add_argument("--samples", type=int, default=128)
+    ap.add_argument("--samples", type=int, default=512)
     ap.add_argument("--seqlen", type=int, default=512)
     ap.add_argument("--work", type=Path, default=Path("/tmp/kq-quality"))
     ap.add_argument("--shared", type=Path, default=None, help="folder with models/ and data/ (default: $KQ_SHARED "

@@ -25,7 +25,8 @@ def quantize(
     tp: Optional[int] = typer.Option(None, "--tp", help="Refuse up front unless the result loads at this tensor-parallel degree."),
     ep: Optional[int] = typer.Option(None, "--ep", help="Refuse up front unless the experts split over this expert-parallel degree."),
     calib: Optional[str] = typer.Option(None, "--calib", help="GPTQ calibration text: a .txt/.jsonl(.gz) file."),
-    calib_samples: int = typer.Option(128, "--calib-samples", help="GPTQ: number of calibration sequences."),
+    calib_samples: int = typer.Option(512, "--calib-samples", help="GPTQ: number of calibration sequences (512 x 512 "
+                                       "tokens by default: 4x fewer cost the tiny model's benchmark about 8% more KL)."),
     calib_seqlen: int = typer.Option(512, "--calib-seqlen", help="GPTQ: tokens per calibration sequence."),
     calib_policy: str = typer.Option("all", "--calib-policy", help="GPTQ, MoE experts: which calibration tokens "
                                      "shape an expert's Hessian. all (default): every token through every expert "
