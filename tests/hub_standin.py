@@ -3,6 +3,8 @@
 It answers exactly the HTTP calls huggingface_hub 1.33's own client makes for:
   reading   model_info, list_repo_files (tree), get_paths_info, hf_hub_download
             (HEAD + GET with ETag / X-Repo-Commit / X-Linked-Size, Range resume);
+            the same reads for dataset repos (repo_type="dataset": /api/datasets/…,
+            /datasets/…/resolve/…), seeded with add_repo_from_folder(repo_type="dataset");
   writing   whoami-v2 (Bearer auth), repos/create (409 on collision), create_branch,
             list_repo_commits, validate-yaml, preupload, commit (ndjson), and the
             LFS batch API with basic PUT upload + verify.
@@ -274,7 +276,15 @@ class HubStandin:
     def repo_dir(self, repo_id: str, branch: str = "main") -> Path:
         return self.root / repo_id / f"@{branch.replace('/', '%2F')}"
 
-    def create_repo(self, repo_id: str, private: bool = False, gated: bool = False) -> Repo:
+    @staticmethod
+    def _key(repo_id: str, repo_type: str = "model") -> str:
+        # Dataset repos live beside model repos under "datasets/<id>" (their URL prefix on the Hub).
+        if repo_type not in ("model", "dataset"):
+            raise ValueError(f"stand-in serves model and dataset repos, not {repo_type}")
+        return repo_id if repo_type == "model" else f"datasets/{repo_id}"
+
+    def create_repo(self, repo_id: str, private: bool = False, gated: bool = False, repo_type: str = "model") -> Repo:
+        repo_id = self._key(repo_id, repo_type)
         with self.lock:
             repo = Repo(repo_id, private=private, gated=gated)
             self.repos[repo_id] = repo
@@ -283,9 +293,10 @@ class HubStandin:
             self._new_commit(repo, "main", tree, "initial commit")
             return repo
 
-    def add_repo_from_folder(self, repo_id: str, folder: Path, *, private: bool = False, gated: bool = False) -> str:
+    def add_repo_from_folder(self, repo_id: str, folder: Path, *, private: bool = False, gated: bool = False,
+                             repo_type: str = "model") -> str:
         """Seed a repo with the files of a local folder; returns the commit sha."""
-        repo = self.create_repo(repo_id, private=private, gated=gated)
+        repo = self.create_repo(repo_id, private=private, gated=gated, repo_type=repo_type)
         with self.lock:
             tree = dict(repo.commits[repo.branches["main"]].tree)
             for f in sorted(Path(folder).rglob("*")):
@@ -325,6 +336,8 @@ class _HttpError(Exception):
 
 _REPO_API = re.compile(r"^/api/models/([^/]+)/([^/]+)(?:/(.*))?$")
 _RESOLVE = re.compile(r"^/([^/]+)/([^/]+)/resolve/([^/]+)/(.+)$")
+_DATASET_API = re.compile(r"^/api/datasets/([^/]+)/([^/]+)(?:/(.*))?$")
+_DATASET_RESOLVE = re.compile(r"^/datasets/([^/]+)/([^/]+)/resolve/([^/]+)/(.+)$")
 _LFS_BATCH = re.compile(r"^/([^/]+)/([^/]+)\.git/info/lfs/objects/batch$")
 
 
@@ -359,6 +372,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch("PUT")
 
     def _dispatch(self, method: str) -> None:
+        self._prefix = ""  # "datasets/" while answering a dataset repo's route
         split = urlsplit(self.path)
         path, self.query = split.path, parse_qs(split.query)
         with self.hub.lock:
@@ -467,7 +481,7 @@ class _Handler(BaseHTTPRequestHandler):
         return user is not None and (namespace == user or namespace in self.hub.orgs.get(user, []))
 
     def _repo(self, ns: str, name: str, user: str | None) -> Repo:
-        repo = self.hub.repos.get(f"{ns}/{name}")
+        repo = self.hub.repos.get(f"{self._prefix}{ns}/{name}")
         if repo is None or (repo.private and not self._can_write(user, ns)):
             raise _HttpError(404 if user else 401, "Repository not found", "RepoNotFound")
         return repo
@@ -509,6 +523,15 @@ class _Handler(BaseHTTPRequestHandler):
             return self._lfs_batch(unquote(m[1]), unquote(m[2]), user)
         if m := _REPO_API.match(path):
             return self._repo_api(method, unquote(m[1]), unquote(m[2]), m[3] or "", user)
+        if (m := _DATASET_API.match(path)) and method in ("GET", "POST"):
+            head = (m[3] or "").split("/")[0]
+            if head not in ("", "revision", "tree", "paths-info", "refs", "commits"):
+                raise _HttpError(404, f"stand-in: dataset repos are read-only here ({method} {path})")
+            self._prefix = "datasets/"
+            return self._repo_api(method, unquote(m[1]), unquote(m[2]), m[3] or "", user)
+        if (m := _DATASET_RESOLVE.match(path)) and method in ("GET", "HEAD"):
+            self._prefix = "datasets/"
+            return self._resolve(method, unquote(m[1]), unquote(m[2]), unquote(m[3]), unquote(m[4]), user)
         if (m := _RESOLVE.match(path)) and method in ("GET", "HEAD"):
             return self._resolve(method, unquote(m[1]), unquote(m[2]), unquote(m[3]), unquote(m[4]), user)
         raise _HttpError(404, f"stand-in: no route for {method} {path}")

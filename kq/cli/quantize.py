@@ -24,7 +24,10 @@ def quantize(
     clip: str = typer.Option("mse", "--clip", help="RTN clipping: mse (per-group search, default) or absmax."),
     tp: Optional[int] = typer.Option(None, "--tp", help="Refuse up front unless the result loads at this tensor-parallel degree."),
     ep: Optional[int] = typer.Option(None, "--ep", help="Refuse up front unless the experts split over this expert-parallel degree."),
-    calib: Optional[str] = typer.Option(None, "--calib", help="GPTQ calibration text: a .txt/.jsonl(.gz) file."),
+    calib: Optional[str] = typer.Option(None, "--calib", help="GPTQ calibration text: a local .txt/.jsonl(.gz) file "
+                                        "(jsonl: \"text\" or pre-tokenized \"input_ids\"), or a Hub dataset "
+                                        "org/name[@rev][:path/in/repo] (without :path, all its .txt/.jsonl(.gz) "
+                                        "files in sorted order; no Parquet)."),
     calib_samples: int = typer.Option(512, "--calib-samples", help="GPTQ: number of calibration sequences (512 x 512 "
                                        "tokens by default: 4x fewer cost the tiny model's benchmark about 8% more KL)."),
     calib_seqlen: int = typer.Option(512, "--calib-seqlen", help="GPTQ: tokens per calibration sequence."),
@@ -66,8 +69,9 @@ def quantize(
     if device == "cuda" and not torch.cuda.is_available():
         raise KqError("--device cuda: no CUDA GPU is visible")
     if method == "gptq":
-        require(calib is not None, "--method gptq needs --calib FILE (calibration text)")
-        require(Path(calib).is_file(), f"--calib {calib}: no such file")
+        require(calib is not None, "--method gptq needs --calib FILE (calibration text, or a Hub dataset org/name)")
+        from kq.quantize.calibration import resolve_calib
+        resolve_calib(calib)  # fail (or download) before any model work
     out = out or default_out(src)
     staging = staging or (out / ".kq-work" / "download")
     source = open_any(src, staging=staging, stream=stream, revision=revision)

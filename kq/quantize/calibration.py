@@ -2,7 +2,10 @@
 
 Accepted files (gzip ok): .txt (one document), .jsonl with a "text" field (one
 document per line), or .jsonl with an "input_ids" list of ints per line (already
-tokenized). Documents are joined into one token stream with the model's EOS token
+tokenized). `--calib` is a local file, or, when no such path exists, a Hub dataset
+`org/name[@revision][:path/in/repo]`: that one file is downloaded (huggingface_hub,
+into the user's HF cache); without `:path`, every .txt/.jsonl(.gz) file of the
+dataset repo is used, in sorted order, one after another (Parquet is refused). Documents are joined into one token stream with the model's EOS token
 between them; `samples` windows of `seqlen` tokens are taken at evenly spaced
 offsets over the whole stream, so a file that is several corpora one after another
 (e.g. the Bible, then fortunes) is sampled across all of them, deterministically.
@@ -11,12 +14,68 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
+from functools import lru_cache
 from pathlib import Path
 
 import torch
 
 from kq.errors import KqError
 from kq.model.text import read_documents, tokenize
+
+_TEXT_SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")
+_HUB_SPEC = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<rev>[^:@]+))?(?::(?P<path>.+))?$")
+
+
+def _hub_files(spec: str, repo_id: str, revision: str | None, path: str | None) -> tuple[Path, ...]:
+    from huggingface_hub import HfApi, hf_hub_download
+
+    from kq.checkpoint.hub import _check_filename, _hub_error
+
+    def fail(err: BaseException, filename: str | None = None) -> KqError:
+        e = _hub_error(err, repo_id, revision, filename)
+        return KqError(f"--calib {spec}: no such local file; as a Hub dataset: {e}")
+
+    if path is None:
+        try:
+            names = HfApi().list_repo_files(repo_id, repo_type="dataset", revision=revision)
+        except Exception as err:
+            raise fail(err) from None
+        path_list = sorted(n for n in names if n.endswith(_TEXT_SUFFIXES))
+        if not path_list:
+            parquet = any(n.endswith(".parquet") for n in names)
+            raise KqError(f"--calib {spec}: the dataset has no .txt/.jsonl(.gz) file"
+                          + (" (Parquet is not supported: convert it to .jsonl with a \"text\" field)" if parquet else "")
+                          + (f"; files: {', '.join(sorted(names)[:10])}" if names else ""))
+    else:
+        if path.endswith(".parquet"):
+            raise KqError(f"--calib {spec}: Parquet is not supported: use a .txt/.jsonl(.gz) file "
+                          "(convert it to .jsonl with a \"text\" field)")
+        if not path.endswith(_TEXT_SUFFIXES):
+            raise KqError(f"--calib {spec}: {path} is not a .txt/.jsonl(.gz) file")
+        path_list = [path]
+    out = []
+    for name in path_list:
+        _check_filename(name)
+        try:
+            out.append(Path(hf_hub_download(repo_id, name, repo_type="dataset", revision=revision)))
+        except Exception as err:
+            raise fail(err, name) from None
+    return tuple(out)
+
+
+@lru_cache(maxsize=8)
+def resolve_calib(spec: str | Path) -> tuple[Path, ...]:
+    """The local file(s) behind --calib: the path itself, or a Hub dataset's text file(s)."""
+    p = Path(spec)
+    if p.is_file():
+        return (p,)
+    if p.exists():
+        raise KqError(f"--calib {spec}: not a file")
+    m = _HUB_SPEC.match(str(spec))
+    if m is None:
+        raise KqError(f"--calib {spec}: no such file (or Hub dataset org/name[@revision][:path/in/repo])")
+    return _hub_files(str(spec), m["repo"], m["rev"], m["path"])
 
 
 def _eos(config: dict) -> int | None:
@@ -47,11 +106,7 @@ def _pretokenized(path: Path) -> list[list[int]] | None:
     return out
 
 
-def token_stream(folder: str | Path, config: dict, path: str | Path) -> list[int]:
-    path = Path(path)
-    if not path.is_file():
-        raise KqError(f"--calib {path}: no such file")
-    eos = _eos(config)
+def _file_stream(folder: str | Path, config: dict, path: Path, eos: int | None) -> list[int]:
     try:
         pre = _pretokenized(path)
     except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError) as e:
@@ -67,6 +122,17 @@ def token_stream(folder: str | Path, config: dict, path: str | Path) -> list[int
             raise KqError(f"--calib {path}: token id {max(stream)} is outside the model's vocabulary of {vocab}")
         return stream
     return tokenize(folder, read_documents(path), eos_between=eos)
+
+
+def token_stream(folder: str | Path, config: dict, path: str | Path) -> list[int]:
+    """The calibration file(s) as one token stream, EOS between documents (and files)."""
+    eos = _eos(config)
+    stream: list[int] = []
+    for i, f in enumerate(resolve_calib(str(path))):
+        if i and eos is not None:
+            stream.append(eos)
+        stream.extend(_file_stream(folder, config, f, eos))
+    return stream
 
 
 def calibration_ids(folder: str | Path, config: dict, path: str | Path, samples: int, seqlen: int) -> torch.Tensor:

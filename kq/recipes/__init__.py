@@ -36,6 +36,7 @@ class Recipe:
     experts_key: str = "n_routed_experts"
     mtp_experts: str = "int4"
     refuse: str | None = None
+    tiktoken_pattern: str | None = None  # split regex for a tiktoken.model tokenizer (Kimi)
 
 
 @cache
