@@ -9,7 +9,7 @@
 #   (.whl-rtn: llm-compressor 0.14 and the wheels the image lacks, see benchmarks/gpu_rtn.sh --download)
 # Knobs: DEADLINE_S (no quantization starts after it; default 300), GRACE_S (wait for evaluations; 60),
 #   EVAL_JOBS (CPU evaluation processes; 3), ONLY (row keys, see quality.py --only), QGROUPS (32,128),
-#   SAMPLES/SEQLEN (calibration, 128 x 512), GPTQ_LAYER=1 (also benchmarks/gptq_layer_gpu.py after the table,
+#   SAMPLES/SEQLEN (calibration, 512 x 512), GPTQ_LAYER=1 (also benchmarks/gptq_layer_gpu.py after the table,
 #   LAYER_DEADLINE_S 240), LAYER_ONLY=1 (only the layer timing), WORK (scratch, /tmp/kq-quality).
 # KQ_BENCH_DRY=1 rehearses the logic on this CPU machine: ../shared, device cpu, .venv / .venv-llmc,
 #   4 x 64 calibration tokens, group 32, wheels only unpacked (checked to install).

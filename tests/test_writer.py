@@ -8,7 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from kq.checkpoint.safetensors_io import PROFILE, Profile, StreamingShardWriter, TensorEntry, read_header
+from kq.checkpoint.safetensors_io import StreamingShardWriter, TensorEntry, read_header
+from kq.profile import PROFILE, Profile
 from kq_testutil import run_kq
 
 

@@ -82,9 +82,8 @@ def quantize(
                    jobs=jobs or (4 if dev.type == "cuda" else 1))
     codes = None
     if method == "gptq":
-        from kq.quantize.layerwise import gptq_expert_codes
-        from kq.quantize.layerwise import GptqConfig
-        require(calib_policy in ("all", "routed", "weighted"), f"--calib-policy {calib_policy}: use all, routed or weighted")
+        from kq.quantize.layerwise import POLICIES, GptqConfig, gptq_expert_codes
+        require(calib_policy in POLICIES, f"--calib-policy {calib_policy}: use one of {', '.join(POLICIES)}")
         cfg = GptqConfig(group=plan.group_size, policy=calib_policy, damp=gptq_damp, refit=gptq_refit)
         codes = gptq_expert_codes(source, plan, out, calib=calib, samples=calib_samples, seqlen=calib_seqlen, device=dev,
                                   cfg=cfg)

@@ -123,6 +123,16 @@ def load_tokenizer(folder: str | Path):
                   "tokenizer; pass pre-tokenized ids instead)")
 
 
+def join_ids(seqs, sep: int | None) -> list[int]:
+    """Token id sequences as one stream, `sep` (the model's EOS; None: nothing) between them."""
+    out: list[int] = []
+    for i, ids in enumerate(seqs):
+        if i and sep is not None:
+            out.append(sep)
+        out.extend(ids)
+    return out
+
+
 def tokenize(folder: str | Path, docs: list[str], eos_between: int | None = None) -> list[int]:
     """All documents as one token stream (no special tokens added: the tokenizer's own
     post-processor decides, as when the model was trained; tiktoken.model adds none);
@@ -132,12 +142,7 @@ def tokenize(folder: str | Path, docs: list[str], eos_between: int | None = None
         encoded = [tok.encode(d) for d in docs]
     else:
         encoded = [enc.ids for enc in tok.encode_batch(docs, add_special_tokens=True)]
-    ids: list[int] = []
-    for i, doc_ids in enumerate(encoded):
-        if i and eos_between is not None:
-            ids.append(eos_between)
-        ids.extend(doc_ids)
-    return ids
+    return join_ids(encoded, eos_between)
 
 
 def windows(ids: list[int], seqs: int, seqlen: int, what: str = "text") -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from kq.errors import KqError
-from kq.model.text import read_documents, tokenize
+from kq.model.text import join_ids, read_documents, tokenize
 
 _TEXT_SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")
 _HUB_SPEC = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<rev>[^:@]+))?(?::(?P<path>.+))?$")
@@ -112,11 +112,7 @@ def _file_stream(folder: str | Path, config: dict, path: Path, eos: int | None) 
     except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError) as e:
         raise KqError(f"--calib {path}: cannot read it ({e})") from None
     if pre is not None:
-        stream: list[int] = []
-        for i, ids in enumerate(pre):
-            if i and eos is not None:
-                stream.append(eos)
-            stream.extend(ids)
+        stream = join_ids(pre, eos)
         vocab = config.get("vocab_size")
         if vocab and stream and max(stream) >= vocab:
             raise KqError(f"--calib {path}: token id {max(stream)} is outside the model's vocabulary of {vocab}")
@@ -127,12 +123,7 @@ def _file_stream(folder: str | Path, config: dict, path: Path, eos: int | None) 
 def token_stream(folder: str | Path, config: dict, path: str | Path) -> list[int]:
     """The calibration file(s) as one token stream, EOS between documents (and files)."""
     eos = _eos(config)
-    stream: list[int] = []
-    for i, f in enumerate(resolve_calib(str(path))):
-        if i and eos is not None:
-            stream.append(eos)
-        stream.extend(_file_stream(folder, config, f, eos))
-    return stream
+    return join_ids((_file_stream(folder, config, f, eos) for f in resolve_calib(str(path))), eos)
 
 
 def calibration_ids(folder: str | Path, config: dict, path: str | Path, samples: int, seqlen: int) -> torch.Tensor:

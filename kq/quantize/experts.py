@@ -17,7 +17,7 @@ import time
 import torch
 
 from kq.checkpoint.pack import pack_int4
-from kq.checkpoint.safetensors_io import PROFILE
+from kq.profile import PROFILE
 from kq.checkpoint.reader import dequantize_fp8
 from kq.errors import KqError
 from kq.quantize.rtn import quantize_rtn

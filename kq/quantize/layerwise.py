@@ -46,6 +46,7 @@ from kq.quantize.gptq import gptq_quantize
 from kq.quantize.rtn import quantize_rtn
 
 STATE = "state.json"
+POLICIES = ("all", "routed", "weighted")  # MoE calibration policies, default first (module docstring)
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,8 @@ class GptqConfig:
     batch: int = 8              # calibration windows per forward call
 
     def __post_init__(self):
-        if self.policy not in ("routed", "weighted", "all"):
-            raise KqError(f"GPTQ policy {self.policy!r}: use routed, weighted or all")
+        if self.policy not in POLICIES:
+            raise KqError(f"GPTQ policy {self.policy!r}: use {', '.join(POLICIES)}")
         if self.clip not in ("mse", "absmax"):
             raise KqError(f"GPTQ clip {self.clip!r}: use mse or absmax")
         if not 0 < self.damp <= 1:

@@ -30,7 +30,8 @@ import torch
 
 from kq import __version__
 from kq.checkpoint.manifest import MANIFEST_NAME, WORK_DIR, read_manifest, write_json_atomic
-from kq.checkpoint.safetensors_io import PROFILE, TORCH_DTYPE, Profile, StreamingShardWriter, read_header
+from kq.checkpoint.safetensors_io import TORCH_DTYPE, StreamingShardWriter, read_header
+from kq.profile import PROFILE, Profile
 from kq.checkpoint.source import Source
 from kq.errors import KqError
 from kq.quantize.experts import rtn_parts
