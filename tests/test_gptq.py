@@ -106,7 +106,7 @@ def test_scale_refit_lowers_each_rows_hessian_error_codes_unchanged():
         Q, S = gptq_quantize(W, Hs, 16)
         Q2, S2 = gptq_quantize(W, Hs, 16, refit=True)
         assert torch.equal(Q, Q2) and S2.dtype == torch.bfloat16 and bool((S2 > 0).all())
-        Hd, _ = _damped(Hs, 0.01)
+        Hd, _, _ = _damped(Hs, 0.01)
 
         def err(s):
             d = W - (Q.float().view(3, 24, 4, 16) * s.float()[..., None]).view(3, 24, 64)
@@ -117,7 +117,7 @@ def test_scale_refit_lowers_each_rows_hessian_error_codes_unchanged():
         assert bool((e2[changed] < e1[changed]).all())                     # a row changes only to gain
     # Before bf16 rounding, the refit is the least-squares solution (float64 check on one row).
     Q, S = gptq_quantize(W, H, 16)
-    Hd, _ = _damped(H, 0.01)
+    Hd, _, _ = _damped(H, 0.01)
     M = torch.zeros(64, 4, dtype=torch.float64)
     for j in range(4):
         M[j * 16:(j + 1) * 16, j] = Q[1, 7, j * 16:(j + 1) * 16].double()

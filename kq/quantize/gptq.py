@@ -33,12 +33,8 @@ def hessian_inverse_factor(H: torch.Tensor, damp: float) -> tuple[torch.Tensor, 
     Inputs that never fired (zero diagonal) get a unit diagonal so H stays invertible;
     their weight columns are irrelevant to the output and quantize by plain rounding.
     """
-    H = H.clone()
+    H, dead, mean = _damped(H, damp)
     diag = H.diagonal(dim1=-2, dim2=-1)                                          # [E, n] (view)
-    dead = diag == 0
-    diag[dead] = 1.0
-    mean = diag.mean(-1, keepdim=True)                                           # [E, 1]
-    diag += damp * mean
     for attempt in range(6):  # an ill-conditioned H gets more damping until it factors
         L, info = torch.linalg.cholesky_ex(H)
         if int(info.max()) == 0:
@@ -91,14 +87,16 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, group: int, *, clip: str = "
     return Q, S
 
 
-def _damped(H: torch.Tensor, damp: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The H the solver works with (dead inputs: unit diagonal; damp x mean diagonal added), and dead [.., n]."""
+def _damped(H: torch.Tensor, damp: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The H the solver works with (dead inputs: unit diagonal; damp x mean diagonal added), dead [.., n],
+    and that mean diagonal [.., 1] (the unit of any further damping)."""
     H = H.to(torch.float32).clone()
     diag = H.diagonal(dim1=-2, dim2=-1)
     dead = diag == 0
     diag[dead] = 1.0
-    diag += damp * diag.mean(-1, keepdim=True)
-    return H, dead
+    mean = diag.mean(-1, keepdim=True)
+    diag += damp * mean
+    return H, dead, mean
 
 
 @torch.no_grad()
@@ -115,7 +113,7 @@ def refit_scales(W: torch.Tensor, H: torch.Tensor, Q: torch.Tensor, S: torch.Ten
     """
     E, n_out, n_in = W.shape
     G = n_in // group
-    Hd, dead = _damped(H, damp)                                                  # [E|1, n, n]
+    Hd, dead, _ = _damped(H, damp)                                                  # [E|1, n, n]
     rows = max(1, min(n_out, max_elems // max(1, n_in * G)))                     # memory: rows x n x G floats
     out = S.clone()
     for e in range(E):
