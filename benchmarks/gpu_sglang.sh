@@ -42,7 +42,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 echo "JIT cache: ${SGLANG_JIT_CACHE_DIR:-$HOME/.cache/sglang/jit}" | tee -a "$OUT/gpu.txt"
 
 echo "== [$SECONDS s] Marlin JIT warm-up (background)"
-timeout 360 python3 tests/sglang/gpu_check.py --warm-marlin > "$OUT/marlin_warm.log" 2>&1 &
+timeout "$(lim 75)" python3 tests/sglang/gpu_check.py --warm-marlin > "$OUT/marlin_warm.log" 2>&1 &
 WARM=$!
 
 echo "== [$SECONDS s] checkpoints: generate, kq quantize, kq shard --tp 8"
@@ -54,10 +54,10 @@ timeout "$(lim 110)" python3 tests/sglang/gpu_check.py --full --no-marlin --toke
   --out "$OUT/kq_only" > "$OUT/kq_only.log" 2>&1
 echo "rc $?"; grep -v "^\[" "$OUT/kq_only.log" | grep -v "^ \|^Traceback" | tail -25
 
-echo "== [$SECONDS s] waiting for the Marlin warm-up (at most $(( $(left) - 100 )) s)"
+echo "== [$SECONDS s] waiting for the Marlin warm-up (at most $(( $(left) - 75 )) s)"
 MARLIN=1
 while kill -0 "$WARM" 2>/dev/null; do
-  if [ "$(left)" -le 100 ]; then kill "$WARM" 2>/dev/null; MARLIN=; echo "warm-up not done: stopped"; break; fi
+  if [ "$(left)" -le 75 ]; then kill "$WARM" 2>/dev/null; MARLIN=; echo "warm-up not done: stopped"; break; fi
   sleep 5
 done
 wait "$WARM" 2>/dev/null; rc=$?

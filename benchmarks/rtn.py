@@ -6,7 +6,7 @@
 What runs, each in its own subprocess (so one run's memory cannot hide in another's):
   kq          `python -m kq quantize SRC --out OUT --json --device D --group-size G` (clip mse, the default)
   kq-absmax   the same with `--clip absmax`
-  kq-jN, kq-absmax-jN   the same with `--jobs N` (output shards written at once; kq's default is 4 on a GPU)
+  kq-jN, kq-absmax-jN   the same with `--jobs N` (output shards written at once; kq's default is 8 on a GPU)
   …-prof      any kq run with KQ_PROFILE=1 (see --profile), e.g. kq-j8-prof
   llmc        llm-compressor 0.14's `model_free_ptq`, shard by shard from block FP8 through
               compressed-tensors' FP8BlockDequantizer, RTN W4A16: int4, symmetric, group G,

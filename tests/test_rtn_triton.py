@@ -48,6 +48,14 @@ for out_f, n_in, group, kind in cases:
         frac_p = (p != p_ref).float().mean().item()
         worst = max(worst, frac_s, frac_p)
         assert frac_s < 2e-3 and frac_p < 5e-3, (out_f, n_in, group, kind, clip, frac_s, frac_p)
+# a corrupted source (Inf or NaN block scale) must give a non-finite scale, which the caller
+# refuses (kq/quantize/experts.py): never a finite scale that hides it
+for bad_bs, bad_w in ((float("inf"), 1.0), (float("nan"), 1.0)):
+    wq = torch.full((16, 256), bad_w).to(torch.float8_e4m3fn)
+    bs = torch.full((1, 2), bad_bs)
+    for clip in ("mse", "absmax"):
+        _, s = rtn_pack_gpu(wq.to(dev), bs.to(dev), 128, clip)
+        assert not torch.isfinite(s.cpu().float()).all(), (bad_bs, bad_w, clip, s)
 print("ok", worst)
 """
 

@@ -46,7 +46,7 @@ def quantize(
     staging: Optional[Path] = typer.Option(None, "--staging", help="Where Hub shards are downloaded (default: OUT/.kq-work/download)."),
     revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit)."),
     device: str = typer.Option("auto", "--device", help="auto (GPU when present), cuda or cpu. Same output bytes per device type."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Output shards written at once. Default: 4 on a GPU, 1 on the CPU. "
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Output shards written at once. Default: 8 on a GPU, 1 on the CPU. "
                                        "Memory grows with it (a few expert tensors per job)."),
     as_json: bool = typer.Option(False, "--json", help="Print a machine-readable summary on stdout (progress stays on stderr)."),
 ) -> None:
@@ -79,7 +79,7 @@ def quantize(
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device)
     require(jobs is None or jobs >= 1, f"--jobs {jobs}: use 1 or more")
     opts = Options(method=method, group_size=plan.group_size, clip=clip, stream=stream,
-                   jobs=jobs or (4 if dev.type == "cuda" else 1))
+                   jobs=jobs or (8 if dev.type == "cuda" else 1))
     codes = None
     if method == "gptq":
         from kq.quantize.layerwise import POLICIES, GptqConfig, gptq_expert_codes

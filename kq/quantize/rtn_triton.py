@@ -54,7 +54,9 @@ def _rtn_kernel(w_ptr, bs_ptr, q_ptr, s_ptr, n_out, n_in, bs_cols,
         q = tl.minimum(tl.maximum((tl.math.div_rn(wg, s[:, :, None]) + _MAGIC) - _MAGIC, -8.0), 7.0)
         r = q * s[:, :, None] - wg
         e = tl.sum(r * r, axis=2)
-        better = e < best_e
+        # the first candidate is taken unconditionally (as rtn.py does): with a NaN/Inf weight
+        # every error is NaN, no candidate would be "better" and a finite 0 scale would hide it
+        better = (e < best_e) | (i == 0)
         best_s = tl.where(better, s, best_s)
         best_e = tl.where(better, e, best_e)
     q = tl.minimum(tl.maximum((tl.math.div_rn(wg, best_s[:, :, None]) + _MAGIC) - _MAGIC, -8.0), 7.0)

@@ -412,6 +412,27 @@ def warm_marlin() -> int:
     cache (SGLANG_JIT_CACHE_DIR, default ~/.cache/sglang/jit) and Triton's (~/.triton/cache)."""
     t = time.perf_counter()
     shim_moe_sum_reduce()
+    # fused_marlin_moe reaches two variants of SGLang's Marlin MoE module (the second GEMM zeroes
+    # inactive rows), each one nvcc run over hundreds of kernel instances, plus the repack module:
+    # left to first use they compile one after another (> 6 min on the H200 machine). Built up
+    # front in parallel (SGLang's parallel_compile: one nvcc per module under its own lock), the
+    # calls below then find them cached and only build the small modules.
+    import functools
+    import threading
+
+    from sglang.kernels.jit.utils import parallel_compile
+    from sglang.kernels.ops.moe.moe_wna16_marlin import _jit_moe_wna16_marlin_module
+    from sglang.kernels.ops.quantization.gptq_marlin_repack import _jit_gptq_marlin_repack_module
+    # (dtype, is_ep, has_bias, expert_ids_are_sorted, zero_inactive_output, has_inactive_prefix_count),
+    # as fused_marlin_moe passes them without an expert map and without biases
+    builders = [functools.partial(_jit_moe_wna16_marlin_module, torch.bfloat16, False, False, True, zero, True)
+                for zero in (False, True)] + [_jit_gptq_marlin_repack_module]
+
+    def build():
+        parallel_compile(builders)
+        log(f"marlin modules built in parallel: {time.perf_counter() - t:.0f} s")
+    bg = threading.Thread(target=build, daemon=True)
+    bg.start()
     from sglang.srt.layers.moe.fused_moe_triton.fused_marlin_moe import fused_marlin_moe
     from sglang.srt.layers.quantization.marlin_utils import marlin_make_workspace, marlin_moe_permute_scales
     from sglang.srt.hardware_backend.gpu.quantization.gptq_kernels import gptq_marlin_moe_repack
@@ -433,6 +454,7 @@ def warm_marlin() -> int:
                              is_k_full=True, routed_scaling_factor=2.5, workspace=ws)
             torch.cuda.synchronize()
             log(f"marlin warm E={E} g={g} T={T}: {time.perf_counter() - t:.0f} s")
+    bg.join()
     print("marlin warm", round(time.perf_counter() - t, 1), flush=True)
     return 0
 
