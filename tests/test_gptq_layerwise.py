@@ -111,14 +111,15 @@ KILLER = textwrap.dedent("""
     from kq.quantize.run import Options, run_quantize
     from kq.quantize.layerwise import gptq_expert_codes
     src, out, calib, kill_after = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    device = torch.device(sys.argv[5] if len(sys.argv) > 5 else "cpu")
     source = open_source(src)
     plan = make_plan(source, group_size=32)
     def on_layer(done, total, stats):
         if done == kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
-    codes = gptq_expert_codes(source, plan, out, calib=calib, samples=8, seqlen=64, device=torch.device("cpu"),
+    codes = gptq_expert_codes(source, plan, out, calib=calib, samples=8, seqlen=64, device=device,
                               on_layer=on_layer)
-    run_quantize(source, plan, out, Options(method="gptq", group_size=32), device=torch.device("cpu"),
+    run_quantize(source, plan, out, Options(method="gptq", group_size=32), device=device,
                  expert_codes=codes)
 """)
 
@@ -150,6 +151,26 @@ def test_crash_at_a_layer_boundary_then_resume_is_byte_identical(tmp_path, small
     assert r.returncode == 0, r.stderr
     want, got = _files(ref), _files(out)
     want.pop("kq-manifest.json"), got.pop("kq-manifest.json")   # holds the creation time
+    assert got.keys() == want.keys()
+    assert all(got[k] == want[k] for k in want), [k for k in want if got[k] != want[k]]
+
+
+@pytest.mark.gpu
+def test_crash_and_resume_on_the_gpu_is_byte_identical(tmp_path, small_glm5):
+    """The same on CUDA (TF32 Hessians, cuBLAS): a run killed after layer 2 and resumed gives the
+    bytes of an uninterrupted CUDA run."""
+    calib = _calib(tmp_path)
+    args = [*GPTQ_ARGS[:-1], "cuda"]
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    r = run_kq("quantize", small_glm5, "--out", ref, "--calib", calib, *args)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-c", KILLER, str(small_glm5), str(out), str(calib), "2", "cuda"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == -9, r.stderr
+    r = run_kq("quantize", small_glm5, "--out", out, "--calib", calib, *args)
+    assert r.returncode == 0, r.stderr
+    want, got = _files(ref), _files(out)
+    want.pop("kq-manifest.json"), got.pop("kq-manifest.json")
     assert got.keys() == want.keys()
     assert all(got[k] == want[k] for k in want), [k for k in want if got[k] != want[k]]
 
