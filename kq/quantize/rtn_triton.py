@@ -46,6 +46,10 @@ def _rtn_kernel(w_ptr, bs_ptr, q_ptr, s_ptr, n_out, n_in, bs_cols,
         w = w * bs[:, None]
     wg = tl.reshape(w, (ROWS, COLS // G, G))                       # [R, NG, G]
     amax = tl.maximum(tl.max(tl.abs(wg), axis=2), 1e-30)           # [R, NG]
+    # The GPU's max ignores NaN (the interpreter's does not): a NaN weight would leave a finite
+    # scale behind. Put the NaN into amax so the scale, which the caller checks, carries it.
+    has_nan = tl.max((wg != wg).to(tl.int32), axis=2) > 0
+    amax = tl.where(has_nan, float("nan"), amax)
     best_s = tl.zeros((ROWS, COLS // G), dtype=tl.float32)
     best_e = tl.full((ROWS, COLS // G), float("inf"), dtype=tl.float32)
     for i in tl.static_range(N_DIVS):
