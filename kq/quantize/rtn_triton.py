@@ -25,7 +25,8 @@ def _bf16_round(x):
     # and in Triton's interpreter (whose float cast truncates).
     b = x.to(tl.int32, bitcast=True)
     b = (b + 0x7FFF + ((b >> 16) & 1)) & -65536
-    return b.to(tl.float32, bitcast=True)
+    # NaN stays NaN (the GPU's canonical NaN 0x7FFFFFFF would wrap to -0.0 above)
+    return tl.where(x != x, x, b.to(tl.float32, bitcast=True))
 
 
 @triton.jit
