@@ -23,7 +23,9 @@ def hub(tmp_path, small_glm5):
 
 def kq(hub, home, *args):
     cmd = [sys.executable, "-m", "kq", *map(str, args)]
-    return subprocess.run(cmd, env=hub.client_env(home=home), capture_output=True, text=True, timeout=600)
+    # KQ_CACHE: kq's own Hub download cache goes under the test's home, not the real one
+    env = hub.client_env(home=home, KQ_CACHE=str(home / "kq-cache"))
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def full_gets(hub, name: str) -> int:
@@ -69,3 +71,46 @@ def test_shard_in_user_cache_is_used_and_kept(hub, tmp_path, small_glm5):
     assert cached.is_file() and cached.resolve().read_bytes() == (small_glm5 / shard).read_bytes()
     assert not (stage / shard).exists()
     assert full_gets(hub, shard) == 1  # only header Range reads since: no second download
+
+
+def _calib(folder: Path) -> Path:
+    words = "in the beginning was the word and the word was with god said the preacher".split()
+    p = folder / "calib.txt"
+    p.write_text(" ".join(words[(7 * i) % len(words)] for i in range(4000)))
+    return p
+
+
+GPTQ = ["--method", "gptq", "--calib-samples", "4", "--calib-seqlen", "64", "--group-size", "32", "--device", "cpu"]
+
+
+def test_gptq_from_the_hub_matches_the_local_folder(hub, tmp_path, small_glm5):
+    """GPTQ reads whole layers with the model's code: from a Hub repo it does so through a folder of
+    links to the downloaded files, and writes the bytes of the local-folder run."""
+    calib, home = _calib(tmp_path), tmp_path / "home"
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    r = kq(hub, home, "quantize", small_glm5, "--out", local, "--calib", calib, *GPTQ)
+    assert r.returncode == 0, r.stderr
+    r = kq(hub, home, "quantize", REPO, "--out", remote, "--calib", calib, *GPTQ)
+    assert r.returncode == 0, r.stderr
+    want, got = files_of(local), files_of(remote)
+    assert got.keys() == want.keys() and all(got[n]["sha256"] == want[n]["sha256"] for n in want)
+    view = home / "kq-cache" / "sources" / REPO.replace("/", "--") / ".view"
+    assert (view / "config.json").is_symlink() and (view / "tokenizer.json").is_symlink()
+    assert not any(p.is_file() and not p.is_symlink() for p in view.iterdir())   # links, not copies
+
+
+def test_eval_against_a_hub_repo_equals_against_the_folder(hub, tmp_path, small_glm5, small_glm5_out):
+    text, home = _calib(tmp_path), tmp_path / "home"
+    out = tmp_path / "out"
+    import shutil
+    shutil.copytree(small_glm5_out, out)
+    res = {}
+    for against in (str(small_glm5), REPO):
+        r = kq(hub, home, "eval", out, "--against", against, "--text", text, "--seqs", "2", "--seqlen", "32", "--json")
+        assert r.returncode == 0, r.stderr
+        res[against] = json.loads(r.stdout)
+    a, b = res[str(small_glm5)], res[REPO]
+    assert b["source"] == REPO
+    assert (a["kl"], a["top1"], a["ppl_source"], a["ppl_quantized"]) == (b["kl"], b["top1"], b["ppl_source"], b["ppl_quantized"])
+    r = kq(hub, home, "eval", out, "--against", "nobody/none", "--text", text)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -50,7 +50,7 @@ def _endpoint() -> str:
     return constants.ENDPOINT
 
 
-def _check_filename(filename: str) -> None:
+def check_filename(filename: str) -> None:
     # Names come from a remote index: refuse anything that could leave dest_dir.
     p = PurePosixPath(filename)
     if not filename or p.is_absolute() or ".." in p.parts or "\\" in filename or filename.startswith("~"):
@@ -172,7 +172,7 @@ def fetch_file(repo_id: str, filename: str, *, revision: str | None = None, dest
     import httpx
     from huggingface_hub import HfApi, errors as E, hf_hub_download, try_to_load_from_cache
 
-    _check_filename(filename)
+    check_filename(filename)
     asked = revision
     try:
         # A branch name may have moved since the cache was filled: pin it to its commit first,

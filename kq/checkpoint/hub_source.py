@@ -30,9 +30,11 @@ class HubSource(Source):
             # Not streaming: keep the downloads where a rerun (or `kq eval`) finds them again.
             staging = hub_cache_dir(repo_id)
         meta_dir = staging / ".meta"
-        config = load_json(hub.fetch_file(repo_id, "config.json", revision=info.sha, dest_dir=meta_dir), "config.json from the Hub")
+        meta = {"config.json": hub.fetch_file(repo_id, "config.json", revision=info.sha, dest_dir=meta_dir)}
+        config = load_json(meta["config.json"], "config.json from the Hub")
         if INDEX_NAME in info.files:
-            index = Index.from_json(load_json(hub.fetch_file(repo_id, INDEX_NAME, revision=info.sha, dest_dir=meta_dir), f"{INDEX_NAME} from the Hub"))
+            meta[INDEX_NAME] = hub.fetch_file(repo_id, INDEX_NAME, revision=info.sha, dest_dir=meta_dir)
+            index = Index.from_json(load_json(meta[INDEX_NAME], f"{INDEX_NAME} from the Hub"))
         elif SINGLE_NAME in info.files:
             index = None
         else:
@@ -50,7 +52,7 @@ class HubSource(Source):
                   if "/" not in f and not f.startswith(".") and f not in NOT_COPIED and not f.endswith(".safetensors")}
         src = cls(name=repo_id, config=config, index=index, headers=headers, extra_files=extras,
                   repo_id=repo_id, revision=info.sha)
-        src.staging, src.stream, src._paths = Path(staging), stream, {}
+        src.staging, src.stream, src._paths, src._meta = Path(staging), stream, {}, meta
         return src
 
     def shard_path(self, shard: str) -> Path:
@@ -64,6 +66,26 @@ class HubSource(Source):
             self.headers[shard] = local  # absolute offsets of the local file, for byte copies
             self._paths[shard] = p
         return self._paths[shard]
+
+    def local_folder(self) -> Path:
+        """Every shard fetched, then a folder that reads like a local checkpoint (STAGING/.view:
+        links to the shards, config.json, the index, tokenizer and other top-level files), for
+        the stages that read whole layers with the model's own code: GPTQ and `kq eval`.
+        Links, not copies: a shard the user's HF cache holds stays there, in one copy."""
+        files = {s: self.shard_path(s) for s in self.index.shards}
+        files.update(self._meta)
+        for name in self.extra_files:
+            files[name] = hub.fetch_file(self.repo_id, name, revision=self.revision, dest_dir=self.staging / ".meta")
+        view = self.staging / ".view"
+        view.mkdir(parents=True, exist_ok=True)
+        for name, p in files.items():
+            hub.check_filename(name)  # names from the repo: nothing may leave the view folder
+            link, target = view / name, Path(p).resolve()
+            if link.is_symlink() and link.resolve() == target:
+                continue
+            link.unlink(missing_ok=True)
+            link.symlink_to(target)
+        return view
 
     def release(self, shard: str) -> None:
         p = self._paths.pop(shard, None)

@@ -12,7 +12,9 @@ from kq.errors import KqError
 
 def eval_cmd(
     out: Path = typer.Argument(..., help="The quantized checkpoint folder (a kq output)."),
-    against: Path = typer.Option(..., "--against", help="The source checkpoint folder it was made from."),
+    against: str = typer.Option(..., "--against", help="The source it was made from: a folder, a recipe alias "
+                                "(glm-5.2) or a Hub repo id (downloaded once into kq's cache, reused after)."),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision of --against (branch, tag or commit)."),
     text: Optional[Path] = typer.Option(None, "--text", help="Evaluation text: .txt or .jsonl (\"text\" field), "
                                         "gz ok. Never the calibration text."),
     seqs: int = typer.Option(48, "--seqs", help="Number of token windows."),
@@ -28,7 +30,8 @@ def eval_cmd(
     memory can be evaluated. The result is also written to OUT/kq-eval.json.
 
     Example:\n
-      kq eval ./GLM-5.2-INT4 --against ./GLM-5.2-FP8 --text eval.txt.gz
+      kq eval ./GLM-5.2-INT4 --against ./GLM-5.2-FP8 --text eval.txt.gz\n
+      kq eval ./GLM-5.2-INT4 --against glm-5.2 --text eval.txt.gz   # the Hub source, downloaded once
     """
     from kq.eval.run import evaluate
 
@@ -40,8 +43,12 @@ def eval_cmd(
             raise KqError("--device cuda: no CUDA GPU is visible")
     elif device != "cpu":
         raise KqError(f"--device {device}: use cpu or cuda")
+    from kq.cli.common import checkpoint_folder
+    label = against
+    against = checkpoint_folder(against, revision=revision)
     if as_json:
-        rec = evaluate(out, against, text, seqs=seqs, seqlen=seqlen, batch=batch, dtype=dtype, device=device)
+        rec = evaluate(out, against, text, seqs=seqs, seqlen=seqlen, batch=batch, dtype=dtype, device=device,
+                       source_name=label)
         typer.echo(json.dumps(rec, indent=2))
         return
     from rich.console import Console
@@ -49,8 +56,8 @@ def eval_cmd(
     err = Console(stderr=True)
     with err.status("layer 0") as status:
         rec = evaluate(out, against, text, seqs=seqs, seqlen=seqlen, batch=batch, dtype=dtype, device=device,
-                       on_layer=lambda i, n: status.update(f"layer {i}/{n} of both models"))
-    t = Table(title=f"{out} vs {against}: {rec['seqs']} x {rec['seqlen']} tokens of {text.name}")
+                       source_name=label, on_layer=lambda i, n: status.update(f"layer {i}/{n} of both models"))
+    t = Table(title=f"{out} vs {label}: {rec['seqs']} x {rec['seqlen']} tokens of {text.name}")
     for col in ("KL (nats/token)", "top-1 agreement", "ppl source", "ppl quantized", "seconds"):
         t.add_column(col, justify="right")
     t.add_row(f"{rec['kl']:.4f}", f"{rec['top1'] * 100:.1f}%", f"{rec['ppl_source']:.2f}",

@@ -30,7 +30,7 @@ def eval_ids(folder: Path, text: Path, seqs: int, seqlen: int) -> tuple[torch.Te
 
 
 def evaluate(out: Path, against: Path, text: Path, *, seqs: int = 48, seqlen: int = 256, batch: int = 8,
-             dtype: str = "float32", device: str = "cpu", write: bool = True,
+             dtype: str = "float32", device: str = "cpu", write: bool = True, source_name: str | None = None,
              on_layer: Callable[[int, int], None] | None = None) -> dict:
     out, against = Path(out), Path(against)
     if dtype not in DTYPES:
@@ -44,7 +44,7 @@ def evaluate(out: Path, against: Path, text: Path, *, seqs: int = 48, seqlen: in
     record = {
         "kq_version": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "checkpoint": str(out), "source": str(against), "text": str(text), "dtype": dtype, "device": device,
+        "checkpoint": str(out), "source": source_name or str(against), "text": str(text), "dtype": dtype, "device": device,
         "metric": "KL(source||quantized) nats/token, top-1 agreement and perplexity of the next token, "
                   "over all seqs x seqlen positions",
         **res.as_dict(),

@@ -30,7 +30,7 @@ _HUB_SPEC = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<rev>[^:@]+
 def _hub_files(spec: str, repo_id: str, revision: str | None, path: str | None) -> tuple[Path, ...]:
     from huggingface_hub import HfApi, hf_hub_download
 
-    from kq.checkpoint.hub import _check_filename, _hub_error
+    from kq.checkpoint.hub import _hub_error, check_filename
 
     def fail(err: BaseException, filename: str | None = None) -> KqError:
         e = _hub_error(err, repo_id, revision, filename)
@@ -56,7 +56,7 @@ def _hub_files(spec: str, repo_id: str, revision: str | None, path: str | None) 
         path_list = [path]
     out = []
     for name in path_list:
-        _check_filename(name)
+        check_filename(name)
         try:
             out.append(Path(hf_hub_download(repo_id, name, repo_type="dataset", revision=revision)))
         except Exception as err:

@@ -53,7 +53,7 @@ POLICIES = ("all", "routed", "weighted")  # MoE calibration policies, default fi
 class GptqConfig:
     group: int = 128
     policy: str = "all"         # all | routed | weighted (measured: docs/eval-gptq.md)
-    clip: str = "mse"           # scale choice inside GPTQ: mse | absmax
+    clip: str = "mse"           # scale choice inside GPTQ: mse | absmax | search (kq.quantize.gptq)
     damp: float = 0.01          # fraction of the mean Hessian diagonal added to it
     block: int = 128            # GPTQ lazy-update block (columns)
     refit: bool = False         # least-squares refit of each row's group scales after GPTQ (kq.quantize.gptq)
@@ -64,8 +64,8 @@ class GptqConfig:
     def __post_init__(self):
         if self.policy not in POLICIES:
             raise KqError(f"GPTQ policy {self.policy!r}: use {', '.join(POLICIES)}")
-        if self.clip not in ("mse", "absmax"):
-            raise KqError(f"GPTQ clip {self.clip!r}: use mse or absmax")
+        if self.clip not in ("mse", "absmax", "search"):
+            raise KqError(f"GPTQ clip {self.clip!r}: use mse, absmax or search")
         if not 0 < self.damp <= 1:
             raise KqError(f"GPTQ damp {self.damp}: use a fraction in (0, 1], e.g. 0.01")
         if self.block % self.group:
@@ -322,18 +322,12 @@ GPTQ_DIR = "gptq"
 
 
 def reader_for(source):
-    """A CheckpointReader over a Source's shards (a Hub source downloads them here)."""
+    """A CheckpointReader over a Source (a Hub source: every shard downloaded, read through a
+    folder of links that looks like the local checkpoint; HubSource.local_folder)."""
     from kq.checkpoint.reader import CheckpointReader
     folder = getattr(source, "folder", None)
     if folder is None:
-        paths = {source.shard_path(s) for s in source.index.shards}
-        parents = {p.parent for p in paths}
-        if len(parents) != 1:
-            raise KqError("GPTQ needs the source's shards in one folder; download the checkpoint first")
-        folder = parents.pop()
-        for name in ("config.json", "tokenizer.json"):
-            if not (folder / name).exists():
-                raise KqError(f"GPTQ needs {name} beside the shards in {folder}; download the checkpoint first")
+        folder = source.local_folder()
     return CheckpointReader(folder, index=source.index)
 
 
