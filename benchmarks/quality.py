@@ -16,7 +16,8 @@ order (--only picks keys; --deadline-s: no quantization starts after it):
   kq GPTQ                   [gptq] `kq quantize --method gptq --calib calibration_text.txt.gz`
                             (defaults: --calib-policy all, --gptq-damp 0.01), and its variants:
                             [gptq_routed] / [gptq_weighted] --calib-policy routed / weighted,
-                            [gptq_damp01] --gptq-damp 0.1, [gptq_refit] --gptq-refit-scales
+                            [gptq_damp01] --gptq-damp 0.1, [gptq_refit] --gptq-refit-scales,
+                            [gptq_search] --gptq-clip search
   llmc model_free_ptq       [llmc_free] llm-compressor 0.14 RTN from the FP8 source (FP8BlockDequantizer:
                             its non-expert FP8 linears leave as BF16)
   llmc oneshot GPTQ         [llmc_gptq] llm-compressor 0.14 `oneshot` + GPTQModifier W4A16 on a BF16 copy
@@ -293,9 +294,10 @@ GPTQ_VARIANTS = {  # key: (row name, extra `kq quantize` options)
     "gptq_weighted": ("kq GPTQ --calib-policy weighted", ["--calib-policy", "weighted"]),
     "gptq_routed": ("kq GPTQ --calib-policy routed", ["--calib-policy", "routed"]),
     "gptq_damp01": ("kq GPTQ --gptq-damp 0.1", ["--gptq-damp", "0.1"]),
+    "gptq_search": ("kq GPTQ --gptq-clip search", ["--gptq-clip", "search"]),
 }
 # Priority order: what the acceptance needs first (the table on disk is complete up to the last row).
-ORDER = ["gptq", "absmax", "llmc_gptq", "naive", "gptq_refit", "gptq_weighted", "gptq_routed", "mse",
+ORDER = ["gptq", "absmax", "llmc_gptq", "naive", "gptq_search", "gptq_refit", "gptq_weighted", "gptq_routed", "mse",
          "gptq_damp01", "llmc_free", "bf16"]
 
 

@@ -125,3 +125,17 @@ def test_scale_refit_lowers_each_rows_hessian_error_codes_unchanged():
     s = torch.linalg.solve(M.T @ h @ M, M.T @ h @ W[1, 7].double())
     S2 = gptq_quantize(W, H, 16, refit=True)[1]
     assert torch.allclose(S2[1, 7].double(), s, rtol=2 ** -7) or torch.equal(S2[1, 7], S[1, 7])
+
+
+def test_scale_search_never_loses_to_mse_within_a_group():
+    """With one group per row the solver's loss is the row's whole (damped) Hessian error, and the
+    search scores exactly that over the same divisor grid as mse: per row it can only be lower."""
+    W, H, _ = _problem(seed=4, n=64)
+    Hd = H + 0.01 * H.diagonal(dim1=-2, dim2=-1).mean(-1)[:, None, None] * torch.eye(64)
+    errs = {}
+    for clip in ("mse", "search"):
+        Q, S = gptq_quantize(W, H, 64, clip=clip, block=64)
+        d = W - Q.float() * S.float()                                   # one group: [E, out, 64]
+        errs[clip] = torch.einsum("eoi,eij,eoj->eo", d, Hd, d)
+    assert (errs["search"] <= errs["mse"] * (1 + 1e-4)).all()
+    assert errs["search"].sum() < 0.97 * errs["mse"].sum(), float(errs["search"].sum() / errs["mse"].sum())

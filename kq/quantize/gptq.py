@@ -11,6 +11,8 @@ the solver accounted for. Scale choice ("clip"):
   absmax: amax / 7.5 (compressed-tensors' symmetric convention, as llm-compressor)
   mse:    the divisor from kq.quantize.rtn.MSE_DIVISORS with the least squared error
           on the group's current weights (per output row).
+  search: the divisor from the same grid whose play-through of the group's own GPTQ steps
+          gives the least solver loss (per output row; _search_group_scale).
 No act-order (REFERENCE.md section 3: unsafe for the down projection at TP > 1).
 
 Optional scale refit (refit=True, `kq quantize --gptq-refit-scales`): with the codes fixed,
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from kq.quantize.rtn import group_scale  # the same scale search as RTN
+from kq.quantize.rtn import MSE_DIVISORS, group_scale  # the same scale search as RTN
 
 
 def hessian_inverse_factor(H: torch.Tensor, damp: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,7 +72,10 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, group: int, *, clip: str = "
         for j in range(b1 - b0):
             col = b0 + j
             if col % group == 0:
-                s = group_scale(W1[:, :, j:j + group], clip)                     # [E, out, 1]
+                if clip == "search":
+                    s = _search_group_scale(W1[:, :, j:j + group], U1[:, j:j + group, j:j + group])
+                else:
+                    s = group_scale(W1[:, :, j:j + group], clip)                 # [E, out, 1]
                 S[:, :, col // group] = s[..., 0]
             w = W1[:, :, j]                                                      # [E, out]
             q = (w / s[..., 0]).round().clamp(-8, 7)
@@ -85,6 +90,29 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, group: int, *, clip: str = "
     if refit:
         S = refit_scales(W0, H, Q, S, group, damp)
     return Q, S
+
+
+@torch.no_grad()
+def _search_group_scale(Wg: torch.Tensor, Ug: torch.Tensor, divisors=MSE_DIVISORS) -> torch.Tensor:
+    """Wg [E, out, g] (the group's weights as updated so far), Ug [E, g, g] (the group's block of the
+    inverse-Hessian factor) -> the bf16-representable scale per row, float32 [E, out, 1], that
+    minimises the solver's own loss over the group, sum_j ((w_j - q_j s) / U_jj)^2, with each
+    column's error spread over the group's later columns exactly as the solver will do it.
+
+    Plain MSE scores a scale on the weights before compensation; here each candidate is played
+    through the group's GPTQ steps. Cost: len(divisors) x the in-group solver work."""
+    amax = Wg.abs().amax(-1, keepdim=True).clamp(min=1e-30)                      # [E, out, 1]
+    d = torch.tensor(divisors, dtype=torch.float32, device=Wg.device)
+    cand = (amax[None] / d[:, None, None, None]).to(torch.bfloat16).to(torch.float32)  # [C, E, out, 1]
+    W = Wg[None].expand(len(divisors), *Wg.shape).clone()                        # [C, E, out, g]
+    loss = torch.zeros(cand.shape[:-1], dtype=torch.float32, device=Wg.device)  # [C, E, out]
+    for j in range(Wg.shape[-1]):
+        w = W[..., j]
+        err = (w - (w / cand[..., 0]).round().clamp(-8, 7) * cand[..., 0]) / Ug[None, :, j, j, None]
+        loss += err.square()
+        W[..., j:] -= err[..., None] * Ug[None, :, None, j, j:]
+    best = loss.argmin(0)                                                         # [E, out] (first on ties)
+    return cand.gather(0, best[None, ..., None])[0]
 
 
 def _damped(H: torch.Tensor, damp: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
