@@ -36,12 +36,15 @@ def quantize(
                                      "(no expert goes uncalibrated); routed: only the tokens the router sends it (what "
                                      "it sees when served; experts with < 32 routed tokens fall back to RTN); weighted: "
                                      "routed, each token weighted by its routing weight squared."),
-    gptq_damp: float = typer.Option(0.01, "--gptq-damp", help="GPTQ dampening: this fraction of the Hessian's mean "
-                                    "diagonal is added to it (more: closer to RTN, steadier with few tokens)."),
+    gptq_damp: float = typer.Option(0.001, "--gptq-damp", help="GPTQ dampening: this fraction of the Hessian's mean "
+                                    "diagonal is added to it (more: closer to RTN, steadier with few calibration "
+                                    "tokens; try 0.01 with fewer than ~64k tokens)."),
     gptq_clip: str = typer.Option("mse", "--gptq-clip", help="GPTQ: how each group's scale is chosen when the solver "
                                   "reaches it. mse: least squared weight error over a grid of clipping divisors; "
                                   "search: the divisor whose play-through of the group's GPTQ steps leaves the least "
                                   "output error (slower solver); absmax: no clipping."),
+    gptq_asym: bool = typer.Option(False, "--gptq-asym", help="GPTQ: solve the down projection against the "
+                                   "full-precision gate/up path's output rather than the quantized one's own."),
     gptq_refit: bool = typer.Option(False, "--gptq-refit-scales", help="GPTQ: after the codes are chosen, refit each "
                                     "output row's group scales by least squares on the Hessian-weighted error "
                                     "(kept per row only where the error drops). Codes unchanged; a little slower."),
@@ -88,7 +91,8 @@ def quantize(
     if method == "gptq":
         from kq.quantize.layerwise import POLICIES, GptqConfig, gptq_expert_codes
         require(calib_policy in POLICIES, f"--calib-policy {calib_policy}: use one of {', '.join(POLICIES)}")
-        cfg = GptqConfig(group=plan.group_size, policy=calib_policy, damp=gptq_damp, refit=gptq_refit, clip=gptq_clip)
+        cfg = GptqConfig(group=plan.group_size, policy=calib_policy, damp=gptq_damp, refit=gptq_refit, clip=gptq_clip,
+                         asym=gptq_asym)
         codes = gptq_expert_codes(source, plan, out, calib=calib, samples=calib_samples, seqlen=calib_seqlen, device=dev,
                                   cfg=cfg)
     if preflight(source, plan, out, opts) == "done":

@@ -54,9 +54,10 @@ class GptqConfig:
     group: int = 128
     policy: str = "all"         # all | routed | weighted (measured: docs/eval-gptq.md)
     clip: str = "mse"           # scale choice inside GPTQ: mse | absmax | search (kq.quantize.gptq)
-    damp: float = 0.01          # fraction of the mean Hessian diagonal added to it
+    damp: float = 0.001         # fraction of the mean Hessian diagonal added to it (measured: docs/eval-gptq.md)
     block: int = 128            # GPTQ lazy-update block (columns)
     refit: bool = False         # least-squares refit of each row's group scales after GPTQ (kq.quantize.gptq)
+    asym: bool = False          # down projection: aim at the full-precision path's output (quantize_experts)
     min_tokens: int = 32        # routed tokens below which an expert falls back to RTN
     expert_chunk: int = 16      # experts solved together (memory: chunk x in^2 x 4 bytes)
     batch: int = 8              # calibration windows per forward call
@@ -161,20 +162,42 @@ def quantize_experts(layer, X: torch.Tensor, cfg: GptqConfig) -> tuple[dict, dic
                                  refit=cfg.refit)
         del Hgu
         # The down projection sees the activations of the quantized gate/up (sequential within the expert).
-        Hd = []
+        Hd, Wd_target = [], []
         for j, x in enumerate(xs):
             wq = (qgu[j].float().view(two_i, -1, cfg.group) * sgu[j].float()[..., None]).view(two_i, -1)
             with _tf32(X.device):
                 g, u = (x @ wq.T).split(inter, dim=-1)
                 a = act(g) * u                                                    # [T_e, I]
                 Hd.append(_gram(a, rs[j]))
-        qd, sd = gptq_quantize(Wd[sel].float(), torch.stack(Hd), cfg.group, clip=cfg.clip, damp=cfg.damp, block=cfg.block,
+                if cfg.asym:
+                    Wd_target.append(_asym_target(Wd[sel[j]].float(), x, Wgu[sel[j]].float(), a, Hd[-1], act,
+                                                  rs[j], cfg.damp))
+        W_down = torch.stack(Wd_target) if cfg.asym else Wd[sel].float()
+        qd, sd = gptq_quantize(W_down, torch.stack(Hd), cfg.group, clip=cfg.clip, damp=cfg.damp, block=cfg.block,
                                refit=cfg.refit)
         del Hd
         for j, e in enumerate(sel):
             out[e] = (qgu[j], sgu[j], qd[j], sd[j])
     rare = [e for e in range(E) if counts[e] < cfg.min_tokens]
     return out, {"tokens": counts, "rare": rare, "rtn_fallback": fallback}
+
+
+def _asym_target(wd: torch.Tensor, x: torch.Tensor, wgu: torch.Tensor, a: torch.Tensor, h: torch.Tensor, act,
+                 r: torch.Tensor | None, damp: float) -> torch.Tensor:
+    """The down weights GPTQ should aim at when its inputs a [T, I] come from the quantized gate/up but the
+    output should match the full-precision path's, wd a0 (a0 from the original gate/up).
+
+    sum_t |wd a0_t - w a_t|^2 = |w - w*|^2_H + const with H = a^T a and w* = wd C H^-1, C = a0^T a; so GPTQ
+    on w* with H minimises the error against the full-precision output (asymmetric calibration, as in
+    GPTAQ, Li et al. 2025). H is damped as the solver damps it."""
+    from kq.quantize.gptq import _damped
+    g0, u0 = (x @ wgu.T).split(a.shape[1], dim=-1)
+    a0 = act(g0) * u0
+    if r is not None:
+        a0, a = a0 * r, a * r
+    C = a0.T @ a                                                                   # [I, I]
+    hd, _, _ = _damped(h[None], damp)
+    return torch.linalg.solve(hd[0], (wd @ C).T).T                                 # wd C H^-1 (H symmetric)
 
 
 def _gram(x: torch.Tensor, r: torch.Tensor | None) -> torch.Tensor:
@@ -250,8 +273,9 @@ def fingerprint(model: LayerwiseModel, ids: torch.Tensor, cfg: GptqConfig) -> st
     h = hashlib.sha256()
     h.update(json.dumps(model.reader.config, sort_keys=True).encode())
     c = asdict(cfg)
-    if not c["refit"]:
-        del c["refit"]   # work folders of runs from before the option resume as before
+    for opt in ("refit", "asym"):
+        if not c[opt]:
+            del c[opt]   # work folders of runs from before the option resume as before
     h.update(json.dumps(c, sort_keys=True).encode())
     h.update(ids.numpy().tobytes())
     h.update(str(model.dtype).encode())
