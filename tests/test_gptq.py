@@ -139,3 +139,27 @@ def test_scale_search_never_loses_to_mse_within_a_group():
         errs[clip] = torch.einsum("eoi,eij,eoj->eo", d, Hd, d)
     assert (errs["search"] <= errs["mse"] * (1 + 1e-4)).all()
     assert errs["search"].sum() < 0.97 * errs["mse"].sum(), float(errs["search"].sum() / errs["mse"].sum())
+
+
+def test_asym_target_aims_at_the_full_precision_output():
+    """--gptq-asym: w* = wd C H^-1 minimises |wd a0 - w a|^2 over w (a0: full-precision gate/up path,
+    a: quantized path). Checked against lstsq, and it is wd itself when the paths agree."""
+    from kq.quantize.layerwise import _asym_target
+    g = torch.Generator().manual_seed(5)
+    T, H, I, O = 3000, 32, 16, 24
+    x = torch.randn(T, H, generator=g)
+    wgu = torch.randn(2 * I, H, generator=g) * 0.2
+    wd = torch.randn(O, I, generator=g)
+    act = torch.nn.functional.silu
+    wq = wgu + torch.randn(2 * I, H, generator=g) * 0.03
+    gq, uq = (x @ wq.T).split(I, -1)
+    a = act(gq) * uq
+    g0, u0 = (x @ wgu.T).split(I, -1)
+    a0 = act(g0) * u0
+    w = _asym_target(wd, x, wgu, a, a.T @ a, act, None, 1e-9)
+    ref = torch.linalg.lstsq(a.double(), (a0 @ wd.T).double()).solution.T.float()
+    assert torch.allclose(w, ref, rtol=1e-3, atol=1e-3)
+    err = lambda m: float((a0 @ wd.T - a @ m.T).square().sum())
+    assert err(w) < 0.95 * err(wd)
+    same = _asym_target(wd, x, wgu, a0, a0.T @ a0, act, None, 1e-9)
+    assert torch.allclose(same, wd, rtol=1e-3, atol=1e-3)
