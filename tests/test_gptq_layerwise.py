@@ -201,6 +201,9 @@ def test_gptq_options_are_checked_before_any_work(tmp_path, small_glm5):
     assert r.returncode == 2 and "--calib-policy some" in r.stderr, r.stderr
     r = run_kq("quantize", small_glm5, "--out", tmp_path / "o", "--calib", calib, *GPTQ_ARGS, "--gptq-damp", "0")
     assert r.returncode == 2 and "damp" in r.stderr, r.stderr
+    r = run_kq("quantize", small_glm5, "--out", tmp_path / "o", "--calib", calib, *GPTQ_ARGS, "--gptq-clip", "best")
+    assert r.returncode == 2 and "GPTQ clip 'best': use mse, absmax or search" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "o").exists()
 
 
