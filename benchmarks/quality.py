@@ -14,7 +14,7 @@ order (--only picks keys; --deadline-s: no quantization starts after it):
   kq RTN absmax             [absmax] `kq quantize --clip absmax` (bf16 scales, as stored)
   kq RTN mse                [mse] `kq quantize` (default: per-group MSE clipping search)
   kq GPTQ                   [gptq] `kq quantize --method gptq --calib calibration_text.txt.gz`
-                            (defaults: --calib-policy all, --gptq-damp 0.001), and its variants:
+                            (defaults: --calib-policy all, --gptq-damp 0.01 at g32, 0.001 at g128), and its variants:
                             [gptq_routed] / [gptq_weighted] --calib-policy routed / weighted,
                             [gptq_damp01] --gptq-damp 0.1, [gptq_refit] --gptq-refit-scales,
                             [gptq_search] --gptq-clip search
@@ -289,7 +289,7 @@ def row(name: str, group: int, ev: dict | None, run: dict | None, note: str = ""
 
 
 GPTQ_VARIANTS = {  # key: (row name, extra `kq quantize` options)
-    "gptq": ("kq GPTQ (default: policy all, damp 0.001)", []),
+    "gptq": ("kq GPTQ (default: policy all, damp 0.01 at g32 / 0.001 at g128)", []),
     "gptq_refit": ("kq GPTQ --gptq-refit-scales", ["--gptq-refit-scales"]),
     "gptq_weighted": ("kq GPTQ --calib-policy weighted", ["--calib-policy", "weighted"]),
     "gptq_routed": ("kq GPTQ --calib-policy routed", ["--calib-policy", "routed"]),
@@ -297,10 +297,11 @@ GPTQ_VARIANTS = {  # key: (row name, extra `kq quantize` options)
     "gptq_search": ("kq GPTQ --gptq-clip search", ["--gptq-clip", "search"]),
     "gptq_asym": ("kq GPTQ --gptq-asym", ["--gptq-asym"]),
     "gptq_damp001": ("kq GPTQ --gptq-damp 0.01", ["--gptq-damp", "0.01"]),
+    "gptq_damp0001": ("kq GPTQ --gptq-damp 0.001", ["--gptq-damp", "0.001"]),
     "gptq_clip_absmax": ("kq GPTQ --gptq-clip absmax", ["--gptq-clip", "absmax"]),
 }
 # Priority order: what the acceptance needs first (the table on disk is complete up to the last row).
-ORDER = ["gptq", "absmax", "llmc_gptq", "naive", "gptq_search", "gptq_asym", "gptq_damp001", "gptq_clip_absmax", "gptq_refit", "gptq_weighted", "gptq_routed", "mse",
+ORDER = ["gptq", "absmax", "llmc_gptq", "naive", "gptq_search", "gptq_asym", "gptq_damp001", "gptq_damp0001", "gptq_clip_absmax", "gptq_refit", "gptq_weighted", "gptq_routed", "mse",
          "gptq_damp01", "llmc_free", "bf16"]
 
 

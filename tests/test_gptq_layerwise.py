@@ -217,3 +217,7 @@ def test_refit_option_changes_the_work_fingerprint_default_does_not_move():
     base = fingerprint(M, ids, GptqConfig(group=32))
     assert fingerprint(M, ids, GptqConfig(group=32, refit=True)) != base
     assert fingerprint(M, ids, GptqConfig(group=32, policy="routed")) != base
+    # the default damping is resolved per group size, so an explicit equal value is the same work
+    assert fingerprint(M, ids, GptqConfig(group=32, damp=0.01)) == base
+    assert GptqConfig(group=128).damp == 0.001 and GptqConfig(group=64).damp == 0.01
+    assert fingerprint(M, ids, GptqConfig(group=32, asym=True)) != base

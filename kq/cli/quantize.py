@@ -36,9 +36,10 @@ def quantize(
                                      "(no expert goes uncalibrated); routed: only the tokens the router sends it (what "
                                      "it sees when served; experts with < 32 routed tokens fall back to RTN); weighted: "
                                      "routed, each token weighted by its routing weight squared."),
-    gptq_damp: float = typer.Option(0.001, "--gptq-damp", help="GPTQ dampening: this fraction of the Hessian's mean "
-                                    "diagonal is added to it (more: closer to RTN, steadier with few calibration "
-                                    "tokens; try 0.01 with fewer than ~64k tokens)."),
+    gptq_damp: Optional[float] = typer.Option(None, "--gptq-damp", help="GPTQ dampening: this fraction of the Hessian's "
+                                              "mean diagonal is added to it (more: closer to RTN, steadier with few "
+                                              "calibration tokens). Default: 0.01 at group 32/64, 0.001 at group 128 "
+                                              "(measured; docs/eval-gptq.md)."),
     gptq_clip: str = typer.Option("mse", "--gptq-clip", help="GPTQ: how each group's scale is chosen when the solver "
                                   "reaches it. mse: least squared weight error over a grid of clipping divisors; "
                                   "search: the divisor whose play-through of the group's GPTQ steps leaves the least "
