@@ -11,10 +11,11 @@
 # whose sglang wheel lacks the Rust server extensions and test folders, 25 MB instead of 46) and .gpu
 # (stubs/IPython, stubs/sgl_kernel/{__init__,scalar_type}.py, peer_moe_bench.py, ct/: compressed-tensors
 # 0.18.0 and loguru wheels).
-# Whole run < 8 min wall (TOTAL_S, default 470): SGLang's Marlin JIT build (~5 min the first time
-# on a machine) runs in the background from the start while the checkpoints are generated,
-# quantized and sharded, and the kq-only rows and load timings run; the Marlin comparison runs
-# after it, within what is left.
+# Whole run < 8 min wall (TOTAL_S, default 470; 580 leaves the Marlin step more room): SGLang's Marlin
+# JIT build runs in the background from the start (`--warm-marlin` builds its two Marlin MoE variants
+# and the repack module in parallel: 363 s on the H200 machine, 2026-11-30) while the checkpoints are
+# generated, quantized and sharded, and the kq-only rows and load timings run; the Marlin comparison
+# runs after it, within what is left. The run that completed: TOTAL_S=580, 436 s wall.
 # The JIT build lands in SGLang's JIT cache, $SGLANG_JIT_CACHE_DIR (default ~/.cache/sglang/jit),
 # plus Triton's ~/.triton/cache: a later script on the same machine (e.g. gpu_kernels.sh MARLIN=1)
 # reuses it as long as it runs with the same HOME / SGLANG_JIT_CACHE_DIR and the machine is warm.
