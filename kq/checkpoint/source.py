@@ -46,6 +46,11 @@ class Source:
     def copy_extras(self, dest: Path) -> None:
         raise NotImplementedError
 
+    def local_folder(self) -> Path:
+        """A folder that reads like the local checkpoint, for the stages that read whole layers
+        with the model's own code (GPTQ, `kq eval`)."""
+        raise NotImplementedError
+
 
 class LocalSource(Source):
     folder: Path
@@ -77,6 +82,9 @@ class LocalSource(Source):
 
     def shard_path(self, shard: str) -> Path:
         return self.folder / shard
+
+    def local_folder(self) -> Path:
+        return self.folder
 
     def copy_extras(self, dest: Path) -> None:
         for name in self.extra_files:

@@ -37,9 +37,7 @@ def open_any(spec: str, *, staging: Path | None = None, stream: bool = False,
 def checkpoint_folder(spec: str, *, revision: str | None = None) -> Path:
     """A local checkpoint folder for SPEC: the folder itself, or, for a recipe alias or Hub repo id,
     the downloaded checkpoint (kq's Hub cache, or the user's HF cache where it holds a shard)."""
-    source = open_any(spec, revision=revision)
-    folder = getattr(source, "folder", None)
-    return Path(folder) if folder is not None else source.local_folder()
+    return open_any(spec, revision=revision).local_folder()
 
 
 def default_out(spec: str) -> Path:

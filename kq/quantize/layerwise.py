@@ -362,10 +362,7 @@ def reader_for(source):
     """A CheckpointReader over a Source (a Hub source: every shard downloaded, read through a
     folder of links that looks like the local checkpoint; HubSource.local_folder)."""
     from kq.checkpoint.reader import CheckpointReader
-    folder = getattr(source, "folder", None)
-    if folder is None:
-        folder = source.local_folder()
-    return CheckpointReader(folder, index=source.index)
+    return CheckpointReader(source.local_folder(), index=source.index)
 
 
 def gptq_expert_codes(source, plan, out: Path, *, calib: str, samples: int, seqlen: int,
