@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from kq.quantize.rtn import MSE_DIVISORS, group_scale  # the same scale search as RTN
+from kq.quantize.rtn import _TINY, MSE_DIVISORS, group_scale  # the same scale grid as RTN
 
 
 def hessian_inverse_factor(H: torch.Tensor, damp: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,7 +101,7 @@ def _search_group_scale(Wg: torch.Tensor, Ug: torch.Tensor, divisors=MSE_DIVISOR
 
     Plain MSE scores a scale on the weights before compensation; here each candidate is played
     through the group's GPTQ steps. Cost: len(divisors) x the in-group solver work."""
-    amax = Wg.abs().amax(-1, keepdim=True).clamp(min=1e-30)                      # [E, out, 1]
+    amax = Wg.abs().amax(-1, keepdim=True).clamp(min=_TINY)                      # [E, out, 1]
     d = torch.tensor(divisors, dtype=torch.float32, device=Wg.device)
     cand = (amax[None] / d[:, None, None, None]).to(torch.bfloat16).to(torch.float32)  # [C, E, out, 1]
     W = Wg[None].expand(len(divisors), *Wg.shape).clone()                        # [C, E, out, g]
