@@ -20,3 +20,13 @@ def run_kq(*args, env=None, cwd=None, timeout=600):
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", "kq", *map(str, args)], capture_output=True, text=True,
                           env=e, cwd=cwd, timeout=timeout)
+
+
+def calib_text(folder: Path) -> Path:
+    """folder/calib.txt: 4000 words drawn (seeded) from a short sentence, enough for GPTQ's small runs."""
+    import torch
+    words = "in the beginning was the word and the word was with god said the preacher".split()
+    g = torch.Generator().manual_seed(0)
+    p = Path(folder) / "calib.txt"
+    p.write_text(" ".join(words[int(i)] for i in torch.randint(0, len(words), (4000,), generator=g)))
+    return p

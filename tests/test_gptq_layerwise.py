@@ -16,7 +16,7 @@ from kq.model import LayerwiseModel
 from kq.quantize.calibration import calibration_ids
 from kq.quantize.layerwise import GptqConfig, _moe_inputs, quantize_experts
 from kq.quantize.rtn import quantize_rtn
-from kq_testutil import SHARED, SMALL_GLM5, TINY_MODEL, run_kq
+from kq_testutil import SHARED, SMALL_GLM5, TINY_MODEL, calib_text, run_kq
 
 CALIB = SHARED / "data" / "calibration_text.txt.gz"
 
@@ -92,14 +92,6 @@ def test_calibration_windows_cover_the_whole_text(tmp_path):
         calibration_ids(tmp_path, cfg, src, 2, 128)
 
 
-def _calib(tmp_path):
-    words = "in the beginning was the word and the word was with god said the preacher".split()
-    g = torch.Generator().manual_seed(0)
-    p = tmp_path / "calib.txt"
-    p.write_text(" ".join(words[int(i)] for i in torch.randint(0, len(words), (4000,), generator=g)))
-    return p
-
-
 GPTQ_ARGS = ["--method", "gptq", "--calib-samples", "8", "--calib-seqlen", "64", "--group-size", "32",
              "--device", "cpu"]
 
@@ -131,7 +123,7 @@ def _files(folder):
 @pytest.fixture(scope="module")
 def gptq_reference(tmp_path_factory, small_glm5):
     d = tmp_path_factory.mktemp("gptq")
-    calib = _calib(d)
+    calib = calib_text(d)
     out = d / "ref"
     r = run_kq("quantize", small_glm5, "--out", out, "--calib", calib, *GPTQ_ARGS)
     assert r.returncode == 0, r.stderr
@@ -159,7 +151,7 @@ def test_crash_at_a_layer_boundary_then_resume_is_byte_identical(tmp_path, small
 def test_crash_and_resume_on_the_gpu_is_byte_identical(tmp_path, small_glm5):
     """The same on CUDA (TF32 Hessians, cuBLAS): a run killed after layer 2 and resumed gives the
     bytes of an uninterrupted CUDA run."""
-    calib = _calib(tmp_path)
+    calib = calib_text(tmp_path)
     args = [*GPTQ_ARGS[:-1], "cuda"]
     ref, out = tmp_path / "ref", tmp_path / "out"
     r = run_kq("quantize", small_glm5, "--out", ref, "--calib", calib, *args)
@@ -184,7 +176,7 @@ def test_gptq_output_differs_from_rtn_and_verifies(small_glm5, small_glm5_out, g
 
 
 def test_other_calibration_refuses_to_resume(tmp_path, small_glm5):
-    calib = _calib(tmp_path)
+    calib = calib_text(tmp_path)
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, "-c", KILLER, str(small_glm5), str(out), str(calib), "1"],
                        capture_output=True, text=True, timeout=600)
@@ -196,7 +188,7 @@ def test_other_calibration_refuses_to_resume(tmp_path, small_glm5):
 
 
 def test_gptq_options_are_checked_before_any_work(tmp_path, small_glm5):
-    calib = _calib(tmp_path)
+    calib = calib_text(tmp_path)
     r = run_kq("quantize", small_glm5, "--out", tmp_path / "o", "--calib", calib, *GPTQ_ARGS, "--calib-policy", "some")
     assert r.returncode == 2 and "--calib-policy some" in r.stderr, r.stderr
     r = run_kq("quantize", small_glm5, "--out", tmp_path / "o", "--calib", calib, *GPTQ_ARGS, "--gptq-damp", "0")

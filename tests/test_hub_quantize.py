@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hub_standin import HubStandin
+from kq_testutil import calib_text
 
 REPO = "zai-org/Tiny-GLM-FP8"
 
@@ -73,20 +74,13 @@ def test_shard_in_user_cache_is_used_and_kept(hub, tmp_path, small_glm5):
     assert full_gets(hub, shard) == 1  # only header Range reads since: no second download
 
 
-def _calib(folder: Path) -> Path:
-    words = "in the beginning was the word and the word was with god said the preacher".split()
-    p = folder / "calib.txt"
-    p.write_text(" ".join(words[(7 * i) % len(words)] for i in range(4000)))
-    return p
-
-
 GPTQ = ["--method", "gptq", "--calib-samples", "4", "--calib-seqlen", "64", "--group-size", "32", "--device", "cpu"]
 
 
 def test_gptq_from_the_hub_matches_the_local_folder(hub, tmp_path, small_glm5):
     """GPTQ reads whole layers with the model's code: from a Hub repo it does so through a folder of
     links to the downloaded files, and writes the bytes of the local-folder run."""
-    calib, home = _calib(tmp_path), tmp_path / "home"
+    calib, home = calib_text(tmp_path), tmp_path / "home"
     local, remote = tmp_path / "local", tmp_path / "remote"
     r = kq(hub, home, "quantize", small_glm5, "--out", local, "--calib", calib, *GPTQ)
     assert r.returncode == 0, r.stderr
@@ -100,7 +94,7 @@ def test_gptq_from_the_hub_matches_the_local_folder(hub, tmp_path, small_glm5):
 
 
 def test_eval_against_a_hub_repo_equals_against_the_folder(hub, tmp_path, small_glm5, small_glm5_out):
-    text, home = _calib(tmp_path), tmp_path / "home"
+    text, home = calib_text(tmp_path), tmp_path / "home"
     out = tmp_path / "out"
     import shutil
     shutil.copytree(small_glm5_out, out)
@@ -114,3 +108,9 @@ def test_eval_against_a_hub_repo_equals_against_the_folder(hub, tmp_path, small_
     assert (a["kl"], a["top1"], a["ppl_source"], a["ppl_quantized"]) == (b["kl"], b["top1"], b["ppl_source"], b["ppl_quantized"])
     r = kq(hub, home, "eval", out, "--against", "nobody/none", "--text", text)
     assert r.returncode != 0 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    # a mistyped OUT is refused before the source is downloaded
+    fresh = tmp_path / "fresh-home"
+    r = kq(hub, fresh, "eval", tmp_path / "typo", "--against", REPO, "--text", text)
+    assert r.returncode == 2 and "no such checkpoint folder" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not list(fresh.rglob("*.safetensors"))

@@ -44,6 +44,8 @@ def eval_cmd(
     elif device != "cpu":
         raise KqError(f"--device {device}: use cpu or cuda")
     from kq.cli.common import checkpoint_folder
+    from kq.eval.run import check_inputs
+    check_inputs(out, dtype)  # before --against, which may be a download
     label = against
     against = checkpoint_folder(against, revision=revision)
     if as_json:
