@@ -18,6 +18,7 @@ SGLang needs its wheels on PYTHONPATH (see benchmarks/gpu_kernels.sh).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import itertools
 import json
@@ -219,6 +220,38 @@ def sgl_marlin_stage1(e, n, k, m, topk, tis, tw, a, group):
 
 # ---------------------------------------------------------------- MoE rows
 
+# --variants: named changes to the heuristic's tile config, timed one after the other in two
+# rounds (A B C A B C), so drift over the run shows as the spread between the rounds
+VARIANTS = {
+    "base": {},                                   # the heuristic as shipped
+    "old": {"fold": False, "masks": True},        # the kernel before FOLD / EVEN_K / EVEN_N
+    "nofold": {"fold": False},
+    "fold": {"fold": True},
+    "masks": {"masks": True},
+    "st2": {"num_stages": 2},
+    "st4": {"num_stages": 4},
+    "bn32": {"block_n": 32},
+    "bn128": {"block_n": 128},
+    "bn128w8": {"block_n": 128, "num_warps": 8},
+    "w2": {"num_warps": 2},
+}
+AB: list[str] = []
+
+
+def ab_time(base, cfg0, label, make_fns, bytes_, extra=None):
+    """Time each --variants change of cfg0 twice (round robin); log one row per variant and round."""
+    for rnd in range(2):
+        for v in AB:
+            cfg = dataclasses.replace(cfg0, **VARIANTS[v])
+            try:
+                us = graph_us(make_fns(cfg))
+            except Exception as ex:
+                log({**base, "kind": label, "variant": v, "cfg": cfg.__dict__, "error": repr(ex)[:200]})
+                continue
+            log({**base, "kind": label, "variant": v, "round": rnd, "us": round(us, 2),
+                 "GBps": round(bytes_ / us / 1e3, 1), "cfg": cfg.__dict__, **(extra or {})})
+
+
 def moe_case(name, e, h, i, m, topk, groups, peers, sweep, r=12, kq=True):
     tis = routings(e, m, topk, r)
     touched = sum(torch.unique(t).numel() for t in tis) / r
@@ -235,6 +268,24 @@ def moe_case(name, e, h, i, m, topk, groups, peers, sweep, r=12, kq=True):
         bpw = 0.5 + 2 / group
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         cfg1, cfg2 = kops.moe_configs(m * topk, e, h, i, sms, group)
+        if AB:
+            rts1 = [kops.moe_align(t, e, cfg1.block_m) for t in tis]
+            ab_time(base | {"group": group}, cfg1, f"kq_ab_gate_up_g{group}",
+                    lambda c: [lambda rt=rt: kops.moe_gate_up(a, pp, rt, topk, c) for rt in rts1],
+                    touched * n * h * bpw)
+            rts2 = [kops.moe_align(t, e, cfg2.block_m) for t in tis]
+            acts = [torch.randn(m * topk, i, device=DEV, dtype=torch.bfloat16) for _ in tis]
+            ab_time(base | {"group": group}, cfg2, f"kq_ab_down_g{group}",
+                    lambda c: [lambda rt=rt, ac=ac: kops.moe_down(ac, pp, rt, c) for rt, ac in zip(rts2, acts)],
+                    touched * h * i * bpw)
+            for v in [v for v in ("base", "old") if v in AB]:
+                cfgs = (dataclasses.replace(cfg1, **VARIANTS[v]), dataclasses.replace(cfg2, **VARIANTS[v]))
+                us = graph_us([lambda t=t, cfgs=cfgs: kops.fused_moe_w4a16(a, pp, tw, t, configs=cfgs) for t in tis])
+                log({**base, "group": group, "kind": f"kq_ab_full_g{group}", "variant": v, "us": round(us, 2),
+                     "GBps": round(touched * 3 * i * h * bpw / us / 1e3, 1)})
+            del pp, acts
+            torch.cuda.empty_cache()
+            continue
         cands = [cfg1]
         if sweep:
             kb = -(-h // PACK_K)
@@ -291,8 +342,8 @@ def moe_case(name, e, h, i, m, topk, groups, peers, sweep, r=12, kq=True):
             log({**base, "kind": f"marlin_g{group}", "us": round(us, 2), "GBps": gbps(us, bpw), "cfg": cfg})
         except Exception as ex:
             log({**base, "kind": f"marlin_g{group}", "error": repr(ex)[:300]})
-    if "triton" in peers:
-        kinds = ["bf16", "fp8"] + [f"int4_g{g}" for g in groups if g in (32, 128)]
+    if "triton" in peers or "fp8" in peers:     # fp8: SGLang's FP8 MoE alone, the anchor of an A/B run
+        kinds = ["bf16", "fp8"] + [f"int4_g{g}" for g in groups if g in (32, 128)] if "triton" in peers else ["fp8"]
         for kind in kinds:
             group = int(kind.split("_g")[1]) if kind.startswith("int4") else 128
             try:
@@ -320,6 +371,9 @@ def dense_case(name, n, k, ms, peers, groups=(128,), kq=True, sweep=False):
             for _ in range(copies):
                 q, s = random_prepacked(1, n, k, group)
                 ws.append(PrepackedLinear(q[0], s[0], n, k, group))
+            if AB and m < kops.DEQUANT_GEMM_MIN_M:
+                ab_time(base | {"group": group}, kops.dense_config(m, n, k, sms), f"kq_ab_dense_g{group}",
+                        lambda c: [lambda w=w: kops.w4a16_linear(a, w, config=c) for w in ws], n * k * bpw)
             us = graph_us([lambda w=w: kops.w4a16_linear(a, w) for w in ws])
             cfg = ("dequant+cublas" if m >= kops.DEQUANT_GEMM_MIN_M else kops.dense_config(m, n, k, sms).__dict__)
             log({**base, "kind": f"kq_g{group}", "us": round(us, 2), "GBps": round(n * k * bpw / us / 1e3, 1),
@@ -395,7 +449,13 @@ def main():
     ap.add_argument("--no-kq", action="store_true", help="peers only")
     ap.add_argument("--warm-marlin", action="store_true")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--variants", default="", help="A/B of tile-config changes, comma list of: "
+                    + ",".join(VARIANTS) + " (replaces the --sweep for kq's rows)")
     args = ap.parse_args()
+    AB[:] = [v for v in args.variants.split(",") if v]
+    for v in AB:
+        if v not in VARIANTS:
+            ap.error(f"unknown variant {v!r}; known: {', '.join(VARIANTS)}")
     peers = set(p for p in args.peers.split(",") if p)
     groups = [int(g) for g in args.groups.split(",")]
     torch.manual_seed(0)
@@ -446,7 +506,8 @@ def print_table(env):
         if "sweep" in r.get("kind", "") or "us" not in r:
             continue
         key = r.get("case"), r.get("M")
-        print(f"{key[0]:24s} M={key[1]:<5} {r['kind']:16s} {r['us']:9.2f} us  {r.get('GBps', 0):7.1f} GB/s")
+        kind = r["kind"] + (f" {r['variant']}/{r.get('round', '-')}" if "variant" in r else "")
+        print(f"{key[0]:24s} M={key[1]:<5} {kind:30s} {r['us']:9.2f} us  {r.get('GBps', 0):7.1f} GB/s")
 
 
 MARLIN_REF = {  # REFERENCE.md §4: SGLang 0.5.23 Marlin MoE, same harness, another run (2026-11-30), gate+up

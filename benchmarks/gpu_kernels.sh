@@ -12,9 +12,10 @@ OUT=${OUT:-out}
 PY=${PY:-python3}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-if [ -z "$DRY" ] && ls .whl/*.whl >/dev/null 2>&1; then
+WHL=${KQ_WHL:-.whl}   # .whl-slim (27 MB: sglang and what its kernels import) is enough for the peers
+if [ -z "$DRY" ] && ls "$WHL"/*.whl >/dev/null 2>&1; then
   SITE=${KQ_SITE:-/tmp/site}  # another script running beside this one on the same machine needs its own
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHL"/*.whl || exit 1
   export PYTHONPATH=$SITE:$PWD/.gpu/stubs:$PWD
 else
   export PYTHONPATH=$PWD

@@ -8,6 +8,8 @@ What runs, each in its own subprocess (so one run's memory cannot hide in anothe
   kq-absmax   the same with `--clip absmax`
   kq-jN, kq-absmax-jN   the same with `--jobs N` (output shards written at once; kq's default is 8 on a GPU)
   …-prof      any kq run with KQ_PROFILE=1 (see --profile), e.g. kq-j8-prof
+  …-nowb      any kq run with KQ_NO_WRITEBACK=1 (no early writeback; the fsync at close writes it all)
+  ….N         a repeat of a run (kq.2, kq-nowb.3): same command, its own row
   llmc        llm-compressor 0.14's `model_free_ptq`, shard by shard from block FP8 through
               compressed-tensors' FP8BlockDequantizer, RTN W4A16: int4, symmetric, group G,
               targets = the routed experts only (the regex below), its default observer
@@ -135,12 +137,21 @@ def generate(size: str, layers: int, dst: Path, max_shard_mb: int | None = None)
     return {"options": opts, "seconds": round(time.perf_counter() - t0, 1)}
 
 
+def _kq_base(name: str) -> str:
+    """kq-j4-nowb-prof.2 -> kq-j4: a trailing .N only tells repeated runs apart; -nowb and -prof
+    set environment variables (one_run), not options."""
+    name = name.split(".")[0]
+    for suffix in ("-prof", "-nowb"):
+        name = name.removesuffix(suffix)
+    return name
+
+
 def run_cmd(name: str, args, src: Path, out: Path, llmc_python: str) -> list[str]:
     me = str(Path(__file__).resolve())
     if name.startswith("kq"):
         cmd = [sys.executable, "-m", "kq", "quantize", str(src), "--out", str(out), "--json",
                "--device", args.device, "--group-size", str(args.group)]
-        base, _, jobs = name.removesuffix("-prof").partition("-j")
+        base, _, jobs = _kq_base(name).partition("-j")
         if jobs:
             cmd += ["--jobs", jobs]
         return cmd + (["--clip", "absmax"] if base == "kq-absmax" else [])
@@ -171,8 +182,11 @@ def one_run(name: str, args, src: Path, src_bytes: int, llmc_python: str, logs: 
     cmd = run_cmd(name, args, src, out, llmc_python)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    if name.startswith("kq") and (args.profile or name.endswith("-prof")):
+    tags = name.split(".")[0]
+    if name.startswith("kq") and (args.profile or tags.endswith("-prof")):
         env["KQ_PROFILE"] = "1"
+    if name.startswith("kq") and "-nowb" in tags:
+        env["KQ_NO_WRITEBACK"] = "1"     # no sync_file_range behind the writer: fsync at close does it all
     with open(logs / f"{name}.out", "wb") as so, open(logs / f"{name}.err", "wb") as se:
         w = run_watched(cmd, env=env, stdout=so, stderr=se, timeout=timeout)
     row = {"run": name, "rc": w["rc"], "wall_s": round(w["wall_s"], 2), "cpu_s": round(w["cpu_s"], 1),

@@ -70,6 +70,31 @@ def test_dense_split_k_configs(split, monkeypatch):
         assert _rel(ops.w4a16_linear(x, w, config=cfg), reference.w4a16_linear(x, w)) < 8e-3
 
 
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("fold,masks", [(True, False), (False, False), (True, True), (False, True)])
+def test_fold_and_unmasked_loads_match_reference(group, fold, masks, monkeypatch):
+    # FOLD takes 136 * sum(x) off per group: activations with a large common offset (mean 4)
+    # make that cancellation as hard as it gets; idle masks (K % 128 == 0, N % BLOCK_N == 0)
+    # dropped or kept, dense and fused MoE, odd row counts
+    gen = torch.Generator(device=DEV).manual_seed(group + 10 * fold + masks)
+    p, s = _weights(1, 1024, 4096, group, gen)
+    w = prepack_linear(p[0], s[0], group)
+    x = (torch.randn(7, 4096, generator=gen, device=DEV) + 4.0).to(torch.bfloat16)
+    _poisoned_out(monkeypatch)
+    cfg = ops.TileConfig(16, 64, 1, fold=fold, masks=masks)
+    assert _rel(ops.w4a16_linear(x, w, config=cfg), reference.w4a16_linear(x, w)) < 8e-3
+    E, H, I, T, k = 32, 2048, 256, 5, 8
+    p13, s13 = _weights(E, 2 * I, H, group, gen)
+    p2, s2 = _weights(E, H, I, group, gen)
+    pp = prepack_moe(p13, s13, p2, s2, group)
+    xm = (torch.randn(T, H, generator=gen, device=DEV) + 4.0).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(E, generator=gen, device=DEV)[:k] for _ in range(T)]).to(torch.int32)
+    tw = torch.rand(T, k, generator=gen, device=DEV)
+    cfg2 = ops.TileConfig(16, 128, 1, fold=fold, masks=masks)
+    got = ops.fused_moe_w4a16(xm, pp, tw, ids, configs=(cfg, cfg2))
+    assert _rel(got, reference.fused_moe_w4a16(xm, pp, tw, ids)) < 1.5e-2
+
+
 MOE_CASES = [  # E, H, I, T, k, group, use_map
     (16, 512, 256, 1, 8, 128, False),
     (16, 512, 256, 7, 8, 32, True),

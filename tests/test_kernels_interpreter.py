@@ -55,6 +55,30 @@ def test_dense_kernel_matches_reference(m, n, k, group, cfg):
     assert _rel(got, want) < 8e-3
 
 
+@pytest.mark.parametrize("fold", [True, False])
+@pytest.mark.parametrize("masks", [True, False])
+@pytest.mark.parametrize("group", [32, 128])
+def test_fold_and_mask_variants_match_reference(fold, masks, group):
+    # FOLD (codes as q + 136, offset taken off per group) and the unmasked EVEN_K/EVEN_N loads,
+    # each on and off, on a shape where the masks are idle (K = 256, N = 64 = BLOCK_N), M odd
+    gen = torch.Generator().manual_seed(group + 2 * fold + masks)
+    p, s = _weights(1, 64, 256, group, gen)
+    w = prepack_linear(p[0], s[0], group)
+    x = torch.randn(5, 256, generator=gen).to(torch.bfloat16)
+    got = ops.w4a16_linear(x, w, config=ops.TileConfig(16, 64, fold=fold, masks=masks))
+    assert _rel(got, reference.w4a16_linear(x, w)) < 8e-3
+    E, H, I, T, k = 4, 256, 128, 3, 2
+    p13, s13 = _weights(E, 2 * I, H, group, gen)
+    p2, s2 = _weights(E, H, I, group, gen)
+    pp = prepack_moe(p13, s13, p2, s2, group)
+    xm = torch.randn(T, H, generator=gen).to(torch.bfloat16)
+    ids = torch.tensor([[0, 3], [3, 1], [2, 3]], dtype=torch.int32)
+    tw = torch.rand(T, k, generator=gen)
+    cfg = ops.TileConfig(16, 64, fold=fold, masks=masks)
+    got = ops.fused_moe_w4a16(xm, pp, tw, ids, configs=(cfg, cfg))
+    assert _rel(got, reference.fused_moe_w4a16(xm, pp, tw, ids)) < 1.5e-2
+
+
 def test_dense_dequantize_then_matmul_path_matches_reference():
     gen = torch.Generator().manual_seed(3)
     p, s = _weights(1, 40, 192, 64, gen)

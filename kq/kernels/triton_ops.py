@@ -29,6 +29,16 @@ class TileConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    fold: bool | None = None    # codes enter the dot as q + 136 (gemm_kernel's FOLD); None: group >= 64
+    masks: bool = False         # keep the K/N load masks even where the shape makes them idle (A/B runs)
+
+
+def _fold(cfg: TileConfig, group: int, deq: int) -> bool:
+    """FOLD pays off once a group spans >= 2 of the 32-input dots (SASS counts in gemm_kernel's
+    doc); the bf16 wgmma path (DEQ 1) has no fold."""
+    if deq == 1:
+        return False
+    return group >= 64 if cfg.fold is None else cfg.fold
 
 
 def _num_sms(device: torch.device) -> int:
@@ -85,6 +95,7 @@ def _launch_gemm(a, q, s, out, k, n, group, cfg: TileConfig, *, rows=0, routing=
     qe = q.stride(0) if q.dim() == 3 else 0
     se = s.stride(0) if s.dim() == 3 else 0
     grid = (triton.cdiv(n, cfg.block_n), m_blocks, cfg.split_k)
+    deq = 0 if _INTERPRETED else (2 if cfg.block_m < 64 else 1)     # see w4a16_gemm_kernel
     w4a16_gemm_kernel[grid](
         a, a.stride(0), q, qe, q.stride(-2), s, se, s.stride(-2),
         out, out.stride(0) if out.dim() == 3 else 0, out.stride(-2),
@@ -92,8 +103,9 @@ def _launch_gemm(a, q, s, out, k, n, group, cfg: TileConfig, *, rows=0, routing=
         rows, n, k, up_offset, per_split,
         A_ROW_DIV=a_row_div, GROUP=group, DENSE=routing is None, GATED=gated,
         SPLIT_K=cfg.split_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        DEQ=0 if _INTERPRETED else (2 if cfg.block_m < 64 else 1),   # see w4a16_gemm_kernel
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        FOLD=_fold(cfg, group, deq),
+        EVEN_K=not cfg.masks and k % PACK_K == 0, EVEN_N=not cfg.masks and n % cfg.block_n == 0,
+        DEQ=deq, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _reduce(part, out, rows, n, gated):
