@@ -10,7 +10,6 @@ compiles it, so the profiled launches come in the order: variant 1 gate+up, down
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 
@@ -19,9 +18,10 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
-from bench_kernels import MOE_SHAPES, VARIANTS, random_moe  # noqa: E402
+from bench_kernels import MOE_SHAPES, random_moe, variant  # noqa: E402
 
 from kq.kernels import triton_ops as kops  # noqa: E402
+from kq.kernels.layout import tile_moe  # noqa: E402
 
 
 def main() -> None:
@@ -38,14 +38,16 @@ def main() -> None:
     ids = torch.stack([torch.randperm(e, device="cuda")[:8] for _ in range(args.tokens)]).to(torch.int32)
     cfg1, cfg2 = kops.moe_configs(args.tokens * 8, e, h, i, kops._num_sms(x.device), args.group)
     for v in args.variants.split(","):
-        c1, c2 = (dataclasses.replace(c, **VARIANTS[v]) for c in (cfg1, cfg2))
+        (c1, tiled), (c2, _) = variant(cfg1, v), variant(cfg2, v)
+        w = tile_moe(pp) if tiled else pp
         r1 = kops.moe_align(ids, e, c1.block_m)
         r2 = kops.moe_align(ids, e, c2.block_m)
         for _ in range(2):                       # the first call compiles (and is profiled too)
-            act = kops.moe_gate_up(x, pp, r1, 8, c1)
-            kops.moe_down(act, pp, r2, c2)
+            act = kops.moe_gate_up(x, w, r1, 8, c1)
+            kops.moe_down(act, w, r2, c2)
         torch.cuda.synchronize()
-        print(f"variant {v}: gate+up {c1}, down {c2}", flush=True)
+        print(f"variant {v}: gate+up {c1}, down {c2}, tiled {tiled}", flush=True)
+        del w
 
 
 if __name__ == "__main__":
