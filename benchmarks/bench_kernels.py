@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import triton  # noqa: E402
 
 from kq.kernels import triton_ops as kops  # noqa: E402
-from kq.kernels.layout import PACK_K, PrepackedLinear, PrepackedMoE, tile_linear, tile_moe  # noqa: E402
+from kq.kernels.layout import PACK_K, PrepackedLinear, PrepackedMoE  # noqa: E402
 
 DEV = "cuda"
 ROWS: list[dict] = []
@@ -234,18 +234,7 @@ VARIANTS = {
     "bn128": {"block_n": 128},
     "bn128w8": {"block_n": 128, "num_warps": 8},
     "w2": {"num_warps": 2},
-    # column-tiled weights (layout.tile_columns): the same configs reading the tiled layout
-    "tiled": {"_tiled": True},
-    "tiled_nofold": {"_tiled": True, "fold": False},
-    "tiled_bn128": {"_tiled": True, "block_n": 128},
 }
-
-
-def variant(cfg0, v):
-    """(tile config, tiled?) of variant v applied to cfg0."""
-    mods = dict(VARIANTS[v])
-    tiled = mods.pop("_tiled", False)
-    return dataclasses.replace(cfg0, **mods), tiled
 AB: list[str] = []
 
 
@@ -253,9 +242,9 @@ def ab_time(base, cfg0, label, make_fns, bytes_, extra=None):
     """Time each --variants change of cfg0 twice (round robin); log one row per variant and round."""
     for rnd in range(2):
         for v in AB:
-            cfg, tiled = variant(cfg0, v)
+            cfg = dataclasses.replace(cfg0, **VARIANTS[v])
             try:
-                us = graph_us(make_fns(cfg, tiled))
+                us = graph_us(make_fns(cfg))
             except Exception as ex:
                 log({**base, "kind": label, "variant": v, "cfg": cfg.__dict__, "error": repr(ex)[:200]})
                 continue
@@ -280,24 +269,21 @@ def moe_case(name, e, h, i, m, topk, groups, peers, sweep, r=12, kq=True):
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         cfg1, cfg2 = kops.moe_configs(m * topk, e, h, i, sms, group)
         if AB:
-            ppt = tile_moe(pp) if any(VARIANTS[v].get("_tiled") for v in AB) else None
             rts1 = [kops.moe_align(t, e, cfg1.block_m) for t in tis]
             ab_time(base | {"group": group}, cfg1, f"kq_ab_gate_up_g{group}",
-                    lambda c, tl: [lambda rt=rt: kops.moe_gate_up(a, ppt if tl else pp, rt, topk, c) for rt in rts1],
+                    lambda c: [lambda rt=rt: kops.moe_gate_up(a, pp, rt, topk, c) for rt in rts1],
                     touched * n * h * bpw)
             rts2 = [kops.moe_align(t, e, cfg2.block_m) for t in tis]
             acts = [torch.randn(m * topk, i, device=DEV, dtype=torch.bfloat16) for _ in tis]
             ab_time(base | {"group": group}, cfg2, f"kq_ab_down_g{group}",
-                    lambda c, tl: [lambda rt=rt, ac=ac: kops.moe_down(ac, ppt if tl else pp, rt, c)
-                                   for rt, ac in zip(rts2, acts)],
+                    lambda c: [lambda rt=rt, ac=ac: kops.moe_down(ac, pp, rt, c) for rt, ac in zip(rts2, acts)],
                     touched * h * i * bpw)
-            for v in [v for v in ("base", "old", "tiled") if v in AB]:
-                (c1, tl), (c2, _) = variant(cfg1, v), variant(cfg2, v)
-                us = graph_us([lambda t=t, cfgs=(c1, c2), w=ppt if tl else pp:
-                               kops.fused_moe_w4a16(a, w, tw, t, configs=cfgs) for t in tis])
+            for v in [v for v in ("base", "old") if v in AB]:
+                cfgs = (dataclasses.replace(cfg1, **VARIANTS[v]), dataclasses.replace(cfg2, **VARIANTS[v]))
+                us = graph_us([lambda t=t, cfgs=cfgs: kops.fused_moe_w4a16(a, pp, tw, t, configs=cfgs) for t in tis])
                 log({**base, "group": group, "kind": f"kq_ab_full_g{group}", "variant": v, "us": round(us, 2),
                      "GBps": round(touched * 3 * i * h * bpw / us / 1e3, 1)})
-            del pp, ppt, acts
+            del pp, acts
             torch.cuda.empty_cache()
             continue
         cands = [cfg1]
@@ -386,11 +372,8 @@ def dense_case(name, n, k, ms, peers, groups=(128,), kq=True, sweep=False):
                 q, s = random_prepacked(1, n, k, group)
                 ws.append(PrepackedLinear(q[0], s[0], n, k, group))
             if AB and m < kops.DEQUANT_GEMM_MIN_M:
-                wst = [tile_linear(w) for w in ws] if any(VARIANTS[v].get("_tiled") for v in AB) else None
                 ab_time(base | {"group": group}, kops.dense_config(m, n, k, sms), f"kq_ab_dense_g{group}",
-                        lambda c, tl: [lambda w=w: kops.w4a16_linear(a, w, config=c) for w in (wst if tl else ws)],
-                        n * k * bpw)
-                del wst
+                        lambda c: [lambda w=w: kops.w4a16_linear(a, w, config=c) for w in ws], n * k * bpw)
             us = graph_us([lambda w=w: kops.w4a16_linear(a, w) for w in ws])
             cfg = ("dequant+cublas" if m >= kops.DEQUANT_GEMM_MIN_M else kops.dense_config(m, n, k, sms).__dict__)
             log({**base, "kind": f"kq_g{group}", "us": round(us, 2), "GBps": round(n * k * bpw / us / 1e3, 1),

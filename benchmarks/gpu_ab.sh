@@ -6,7 +6,7 @@
 set -o pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT/ab" "$OUT/rtn"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-VARIANTS=${VARIANTS:-old,base,tiled,tiled_nofold,tiled_bn128}
+VARIANTS=${VARIANTS:-old,base,st4,bn128}
 RTN_RUNS=${RTN_RUNS:-llmc,kq,kq-nowb,kq.2,kq-nowb.2,kq.3,kq-nowb.3}
 nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/ab/gpu.txt"
 ( export CUDA_VISIBLE_DEVICES=0 OUT=$OUT/ab KQ_WHL=.whl-slim KQ_SITE=/tmp/site-ab SKIP_TESTS=1
@@ -17,12 +17,11 @@ AB=$!
   timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py > "$OUT/rtn/pytest_gpu.log" 2>&1
   tail -3 "$OUT/rtn/pytest_gpu.log"
   if [ "${NCU:-1}" != 0 ]; then
-    timeout 150 ncu --clock-control none -k regex:w4a16_gemm_kernel --section SpeedOfLight --section Occupancy \
-      --section WarpStateStats --section SchedulerStats --section LaunchStats --section MemoryWorkloadAnalysis \
-      python3 benchmarks/ncu_moe.py --variants ${NCU_VARIANTS:-old,base,tiled} > "$OUT/rtn/ncu.log" 2>&1
+    timeout 90 ncu --clock-control none -k regex:w4a16_gemm_kernel --section SpeedOfLight --section Occupancy \
+      --section WarpStateStats --section SchedulerStats --section LaunchStats \
+      python3 benchmarks/ncu_moe.py --variants old,base > "$OUT/rtn/ncu.log" 2>&1
     echo "ncu rc $?"
   fi
-  [ "$RTN_RUNS" = none ] && exit 0
   OUT=$OUT/rtn RUNS=$RTN_RUNS DEADLINE_S=${RTN_DEADLINE_S:-250} RUN_TIMEOUT_S=80 \
     timeout 300 bash benchmarks/gpu_rtn.sh > "$OUT/rtn/run.log" 2>&1
   echo "rtn rc $?" ) > "$OUT/rtn/steps.log" 2>&1 &

@@ -10,6 +10,7 @@ compiles it, so the profiled launches come in the order: variant 1 gate+up, down
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -18,10 +19,9 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
-from bench_kernels import MOE_SHAPES, random_moe, variant  # noqa: E402
+from bench_kernels import MOE_SHAPES, VARIANTS, random_moe, sgl_align  # noqa: E402
 
 from kq.kernels import triton_ops as kops  # noqa: E402
-from kq.kernels.layout import tile_moe  # noqa: E402
 
 
 def main() -> None:
@@ -30,6 +30,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--variants", default="old,base")
+    ap.add_argument("--sgl-fp8", action="store_true",
+                    help="then SGLang's FP8 block-128 MoE kernel (gate+up, its best tile BM16 BN64 BK128, "
+                         "3 stages) on the same routing: profile with -k regex:fused_moe_kernel")
     args = ap.parse_args()
     e, h, i = MOE_SHAPES[args.case]
     torch.manual_seed(0)
@@ -38,16 +41,38 @@ def main() -> None:
     ids = torch.stack([torch.randperm(e, device="cuda")[:8] for _ in range(args.tokens)]).to(torch.int32)
     cfg1, cfg2 = kops.moe_configs(args.tokens * 8, e, h, i, kops._num_sms(x.device), args.group)
     for v in args.variants.split(","):
-        (c1, tiled), (c2, _) = variant(cfg1, v), variant(cfg2, v)
-        w = tile_moe(pp) if tiled else pp
+        c1, c2 = (dataclasses.replace(c, **VARIANTS[v]) for c in (cfg1, cfg2))
         r1 = kops.moe_align(ids, e, c1.block_m)
         r2 = kops.moe_align(ids, e, c2.block_m)
         for _ in range(2):                       # the first call compiles (and is profiled too)
-            act = kops.moe_gate_up(x, w, r1, 8, c1)
-            kops.moe_down(act, w, r2, c2)
+            act = kops.moe_gate_up(x, pp, r1, 8, c1)
+            kops.moe_down(act, pp, r2, c2)
         torch.cuda.synchronize()
-        print(f"variant {v}: gate+up {c1}, down {c2}, tiled {tiled}", flush=True)
-        del w
+        print(f"variant {v}: gate+up {c1}, down {c2}", flush=True)
+    if args.sgl_fp8:
+        sgl_fp8_gate_up(x, ids, e, 2 * i, h)
+
+
+def sgl_fp8_gate_up(x, ids, e, n, k) -> None:
+    import triton.language as tl
+    from sglang.kernels.ops.moe.fused_moe_triton_kernels import invoke_fused_moe_kernel
+    m, topk = ids.shape
+    b = (torch.randn(e, n, k, device="cuda") * 0.02).to(torch.float8_e4m3fn)
+    bs = torch.rand(e, n // 128, k // 128, device="cuda") * 1e-3 + 1e-4
+    xg = x.float().view(m, k // 128, 128)
+    a_s = xg.abs().amax(-1).clamp(min=1e-6) / 448.0
+    aq = (xg / a_s[..., None]).to(torch.float8_e4m3fn).view(m, k)
+    c = torch.empty(m, topk, n, device="cuda", dtype=torch.bfloat16)
+    s_, e_, n_ = sgl_align(ids, 16, e)
+    cfg = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1,
+           "num_warps": 4, "num_stages": 3}
+    for _ in range(2):
+        invoke_fused_moe_kernel(aq, b, None, c, a_s, bs, None, torch.rand(m, topk, device="cuda"), ids, s_, e_, n_,
+                                mul_routed_weight=False, top_k=topk, config=cfg, compute_type=tl.bfloat16,
+                                use_fp8_w8a8=True, use_int8_w8a8=False, use_int8_w8a16=False,
+                                use_int4_w4a16=False, per_channel_quant=False, block_shape=[128, 128])
+    torch.cuda.synchronize()
+    print(f"sglang fp8 gate+up {cfg}", flush=True)
 
 
 if __name__ == "__main__":

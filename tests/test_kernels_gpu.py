@@ -95,31 +95,6 @@ def test_fold_and_unmasked_loads_match_reference(group, fold, masks, monkeypatch
     assert _rel(got, reference.fused_moe_w4a16(xm, pp, tw, ids)) < 1.5e-2
 
 
-@pytest.mark.parametrize("group", [32, 128])
-@pytest.mark.parametrize("block_n", [64, 128])
-def test_column_tiled_weights_match_reference(group, block_n, monkeypatch):
-    from kq.kernels.layout import tile_linear, tile_moe
-    gen = torch.Generator(device=DEV).manual_seed(group + block_n)
-    p, s = _weights(1, 1024, 2048, group, gen)
-    w = tile_linear(prepack_linear(p[0], s[0], group))
-    x = torch.randn(5, 2048, generator=gen, device=DEV).to(torch.bfloat16)
-    _poisoned_out(monkeypatch)
-    for split in (1, 2):
-        cfg = ops.TileConfig(16, block_n, split)
-        assert _rel(ops.w4a16_linear(x, w, config=cfg), reference.w4a16_linear(x, w)) < 8e-3
-    E, H, I, T, k = 32, 1024, 256, 9, 8
-    p13, s13 = _weights(E, 2 * I, H, group, gen)
-    p2, s2 = _weights(E, H, I, group, gen)
-    pp = tile_moe(prepack_moe(p13, s13, p2, s2, group))
-    xm = torch.randn(T, H, generator=gen, device=DEV).to(torch.bfloat16)
-    ids = torch.stack([torch.randperm(E, generator=gen, device=DEV)[:k] for _ in range(T)]).to(torch.int32)
-    tw = torch.rand(T, k, generator=gen, device=DEV)
-    for cfgs in ((ops.TileConfig(16, block_n), ops.TileConfig(16, block_n)),
-                 (ops.TileConfig(16, 64, 4), ops.TileConfig(16, 128)), None):
-        got = ops.fused_moe_w4a16(xm, pp, tw, ids, configs=cfgs)
-        assert _rel(got, reference.fused_moe_w4a16(xm, pp, tw, ids)) < 1.5e-2
-
-
 MOE_CASES = [  # E, H, I, T, k, group, use_map
     (16, 512, 256, 1, 8, 128, False),
     (16, 512, 256, 7, 8, 32, True),

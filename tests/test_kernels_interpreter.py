@@ -79,28 +79,6 @@ def test_fold_and_mask_variants_match_reference(fold, masks, group):
     assert _rel(got, reference.fused_moe_w4a16(xm, pp, tw, ids)) < 1.5e-2
 
 
-@pytest.mark.parametrize("block_n", [64, 128])
-def test_column_tiled_weights_match_reference(block_n):
-    # TILE_N: the kernels read layout.tile_columns' layout (BLOCK_N 128 spans two tiles)
-    from kq.kernels.layout import tile_linear, tile_moe
-    gen = torch.Generator().manual_seed(block_n)
-    p, s = _weights(1, 256, 256, 64, gen)
-    w = tile_linear(prepack_linear(p[0], s[0], 64))
-    x = torch.randn(3, 256, generator=gen).to(torch.bfloat16)
-    got = ops.w4a16_linear(x, w, config=ops.TileConfig(16, block_n, 2))
-    assert _rel(got, reference.w4a16_linear(x, w)) < 8e-3
-    E, H, I, T, k = 4, 256, 128, 3, 2
-    p13, s13 = _weights(E, 2 * I, H, 128, gen)
-    p2, s2 = _weights(E, H, I, 128, gen)
-    pp = tile_moe(prepack_moe(p13, s13, p2, s2, 128))
-    xm = torch.randn(T, H, generator=gen).to(torch.bfloat16)
-    ids = torch.tensor([[0, 3], [3, 1], [2, 3]], dtype=torch.int32)
-    tw = torch.rand(T, k, generator=gen)
-    cfg = ops.TileConfig(16, block_n)
-    got = ops.fused_moe_w4a16(xm, pp, tw, ids, configs=(cfg, cfg))
-    assert _rel(got, reference.fused_moe_w4a16(xm, pp, tw, ids)) < 1.5e-2
-
-
 def test_dense_dequantize_then_matmul_path_matches_reference():
     gen = torch.Generator().manual_seed(3)
     p, s = _weights(1, 40, 192, 64, gen)

@@ -5,7 +5,7 @@ import torch
 
 from kq.kernels import PrepackedMoE, fused_moe_w4a16, prepack_linear, prepack_moe, reference, w4a16_linear
 from kq.kernels.layout import (dequantize_prepacked, pack_checkpoint_nibbles, prepack_matrix, prepacked_nibbles,
-                               tile_columns, tile_moe, unpack_checkpoint_nibbles, untile_columns)
+                               unpack_checkpoint_nibbles)
 
 
 def _pack_words_py(nibbles_row):
@@ -59,39 +59,6 @@ def test_prepack_places_every_input_where_the_kernel_reads_it(k):
     assert torch.equal(s[:, : k // 32], scale.transpose(1, 2))
     assert torch.all(s[:, k // 32:] == 0)
     assert torch.equal(prepacked_nibbles(q, k), nib.to(torch.uint8))
-
-
-@pytest.mark.parametrize("gated", [False, True])
-def test_column_tiles_put_each_word_where_the_tiled_kernel_reads_it(gated):
-    # tiled address of (row r, column n): tile t = n // 64 (gated: of the gate or the up half),
-    # q_t[e, t * R + r, c] with c = n % 64 (+ 64 for up); every element checked, then the inverse
-    gen = torch.Generator().manual_seed(int(gated))
-    E, R, G, N = 2, 32, 4, 256
-    q = torch.randint(-2**31, 2**31 - 1, (E, R, N), generator=gen, dtype=torch.int32)
-    s = torch.rand(E, G, N, generator=gen).to(torch.bfloat16)
-    qt, st = tile_columns(q, s, gated)
-    width = 128 if gated else 64
-    assert qt.shape == (E, N // width * R, width) and st.shape == (E, N // width * G, width)
-    for n in range(N):
-        half, m = (n // (N // 2), n % (N // 2)) if gated else (0, n)
-        t, c = m // 64, m % 64 + 64 * half
-        assert torch.equal(qt[:, t * R:(t + 1) * R, c], q[:, :, n]), n
-        assert torch.equal(st[:, t * G:(t + 1) * G, c], s[:, :, n]), n
-    q2, s2 = untile_columns(qt, st, N, gated)
-    assert torch.equal(q2, q) and torch.equal(s2, s)
-    with pytest.raises(ValueError, match="not a multiple of 64"):
-        tile_columns(q[:, :, :96], s[:, :, :96], gated)
-
-
-def test_reference_reads_a_tiled_moe_like_the_untiled_one():
-    gen = torch.Generator().manual_seed(5)
-    _, p13, s13 = _ckpt(3, 256, 128, 32, gen)
-    _, p2, s2 = _ckpt(3, 128, 128, 32, gen)
-    pp = prepack_moe(p13, s13, p2, s2, 32)
-    x = torch.randn(4, 128, generator=gen).to(torch.bfloat16)
-    ids = torch.tensor([[0, 2], [1, 0], [2, 1], [0, 1]], dtype=torch.int32)
-    tw = torch.rand(4, 2, generator=gen)
-    assert torch.equal(reference.fused_moe_w4a16(x, tile_moe(pp), tw, ids), reference.fused_moe_w4a16(x, pp, tw, ids))
 
 
 @pytest.mark.parametrize("group", [32, 64, 128])

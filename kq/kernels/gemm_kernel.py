@@ -17,14 +17,9 @@ FOLD drops that subtract too: the dot takes the codes as 128 + nibble = q + 136,
 (390 -> 324 in the sm_90 SASS of the decode gate+up loop); at group 32 the per-group
 correction costs what it saves, so the host turns it on for group >= 64 only.
 EVEN_K / EVEN_N (K a multiple of 128, N of BLOCK_N) drop the K and N load masks; the row mask
-stays (without it the padding rows of a decode tile, 14-15 of 16, became real activation reads:
-22-31 % slower at group 32 on the H200).
-
-TILE_N > 0 reads the column-tiled layout (layout.tile_columns): each program's weights for one K
-block are one contiguous run (and the next K block follows it), instead of 16 rows of 256 bytes
-spread 4*N bytes apart. The column offset of output n is then (n // TILE_N) * tile_q + n % TILE_N,
-with stride_qk / stride_sg the row length inside a tile and tile_q / tile_s the size of one column
-tile of q / s (gate and up side by side in one tile for w13, so up_offset is TILE_N).
+stays (without it the padding rows of a decode tile, 14-15 of 16, become real activation reads).
+The host sets them with FOLD only: at group 32 the unmasked loads measured 10-30 % slower on
+the H200 (benchmarks/results/kernels.md, third session), at group 128 FOLD + EVEN 0-5 % faster.
 """
 import triton
 import triton.language as tl
@@ -86,7 +81,7 @@ def w4a16_gemm_kernel(
     s_ptr, stride_se, stride_sg,            # scales bf16 [E, Kp/G, NW]
     out_ptr, stride_os, stride_om,          # out [SPLIT, rows_out, width], width contiguous
     pairs_ptr, blk_expert_ptr, blk_start_ptr, blk_count_ptr,   # MoE routing table (unused if DENSE)
-    M, N, K, up_offset, kblocks_per_split, tile_q, tile_s,
+    M, N, K, up_offset, kblocks_per_split,
     A_ROW_DIV: tl.constexpr,                # MoE stage 1: a row = pair // top_k; else 1
     GROUP: tl.constexpr,
     DENSE: tl.constexpr,
@@ -96,7 +91,6 @@ def w4a16_gemm_kernel(
     FOLD: tl.constexpr = False,             # codes enter the dot as q + 136 (see the module doc)
     EVEN_K: tl.constexpr = False,           # K % 128 == 0: no K mask on the activation loads
     EVEN_N: tl.constexpr = False,           # N % BLOCK_N == 0: no N mask on weight and scale loads
-    TILE_N: tl.constexpr = 0,               # > 0: column-tiled weights and scales (see the module doc)
     DEQ: tl.constexpr = 2,                  # 2: inline-PTX pairs (mma.sync tiles, BLOCK_M < 64);
                                             # 1: plain bf16 ops (BLOCK_M >= 64, where Triton uses wgmma
                                             #    and the operand's register pairs run along N, not K);
@@ -126,12 +120,6 @@ def w4a16_gemm_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     offs_w = tl.arange(0, 16)
-    if TILE_N > 0:
-        col_q = (offs_n // TILE_N) * tile_q + offs_n % TILE_N
-        col_s = (offs_n // TILE_N) * tile_s + offs_n % TILE_N
-    else:
-        col_q = offs_n
-        col_s = offs_n
 
     q_base = q_ptr + expert.to(tl.int64) * stride_qe
     s_base = s_ptr + expert.to(tl.int64) * stride_se
@@ -146,11 +134,11 @@ def w4a16_gemm_kernel(
     for kb_i in range(0, kblocks_per_split):
         kb = kb_lo + kb_i
         if DEQ < 2:
-            q_ptrs = q_base + (kb * 16 + offs_w)[:, None] * stride_qk + col_q[None, :]      # [16, BN]
+            q_ptrs = q_base + (kb * 16 + offs_w)[:, None] * stride_qk + offs_n[None, :]     # [16, BN]
         else:
             # [32, BN]: row r is word r // 2, so each thread's (k, k+1) pair of the B fragment
             # sees the one word that holds both (the compiler loads it once)
-            q_ptrs = q_base + (kb * 16 + offs_k32 // 2)[:, None] * stride_qk + col_q[None, :]
+            q_ptrs = q_base + (kb * 16 + offs_k32 // 2)[:, None] * stride_qk + offs_n[None, :]
         if EVEN_N:
             wg = tl.load(q_ptrs)
             if GATED:
@@ -188,9 +176,9 @@ def w4a16_gemm_kernel(
                 g = (kb * 128 + j * 32) // GROUP
                 folded = FOLD and DEQ != 1
                 if EVEN_N:
-                    sg = tl.load(s_base + g * stride_sg + col_s).to(tl.float32)
+                    sg = tl.load(s_base + g * stride_sg + offs_n).to(tl.float32)
                 else:
-                    sg = tl.load(s_base + g * stride_sg + col_s, mask=n_mask, other=0.0).to(tl.float32)
+                    sg = tl.load(s_base + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
                 if folded:
                     acc_g += (part_g + xoff) * sg[None, :]
                 else:
@@ -198,9 +186,9 @@ def w4a16_gemm_kernel(
                 part_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 if GATED:
                     if EVEN_N:
-                        su = tl.load(s_base + g * stride_sg + up_offset + col_s).to(tl.float32)
+                        su = tl.load(s_base + g * stride_sg + up_offset + offs_n).to(tl.float32)
                     else:
-                        su = tl.load(s_base + g * stride_sg + up_offset + col_s, mask=n_mask,
+                        su = tl.load(s_base + g * stride_sg + up_offset + offs_n, mask=n_mask,
                                      other=0.0).to(tl.float32)
                     if folded:
                         acc_u += (part_u + xoff) * su[None, :]

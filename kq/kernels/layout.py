@@ -105,61 +105,14 @@ def dequantize_prepacked(q: torch.Tensor, s: torch.Tensor, k: int, group: int,
     return codes * scale.repeat_interleave(group, dim=-1)
 
 
-TILE_N = 64    # columns per tile of the column-tiled layout
-
-
-def tile_columns(q: torch.Tensor, s: torch.Tensor, gated: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prepacked (q [E, Kp/8, N], s [E, Kp/g, N]) -> the column-tiled layout the kernels read with
-    TILE_N: columns cut into tiles of 64, each tile's rows stored together, so one program's weights
-    for one K block are a single contiguous run and the next K block follows it.
-
-    Not gated: q [E, N/64 * Kp/8, 64], s [E, N/64 * Kp/g, 64] (tile t = columns 64t..64t+63).
-    Gated (w13 = [gate; up], N = 2I): q [E, I/64 * Kp/8, 128], s [E, I/64 * Kp/g, 128], tile t
-    holding gate columns 64t.. in its first 64 entries of each row and up columns I + 64t.. in the
-    next 64, so a program reads gate and up of one K block as one run.
-    """
-    E, R, N = q.shape
-    G = s.shape[1]
-    if gated:
-        if N % (2 * TILE_N):
-            raise ValueError(f"tile_columns: gate/up width {N // 2} is not a multiple of {TILE_N}")
-        nt = N // 2 // TILE_N
-
-        def cut(t, rows):   # [E, rows, 2, nt, 64] -> [E, nt, rows, 2, 64]
-            return t.view(E, rows, 2, nt, TILE_N).permute(0, 3, 1, 2, 4).reshape(E, nt * rows, 2 * TILE_N)
-    else:
-        if N % TILE_N:
-            raise ValueError(f"tile_columns: width {N} is not a multiple of {TILE_N}")
-        nt = N // TILE_N
-
-        def cut(t, rows):   # [E, rows, nt, 64] -> [E, nt, rows, 64]
-            return t.view(E, rows, nt, TILE_N).permute(0, 2, 1, 3).reshape(E, nt * rows, TILE_N)
-    return cut(q, R).contiguous(), cut(s, G).contiguous()
-
-
-def untile_columns(qt: torch.Tensor, st: torch.Tensor, n: int, gated: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse of tile_columns: back to q [E, Kp/8, n], s [E, Kp/g, n]."""
-    E, _, W = qt.shape
-    nt = n // W if not gated else n // 2 // TILE_N
-
-    def uncut(t):
-        rows = t.shape[1] // nt
-        if gated:
-            return t.view(E, nt, rows, 2, TILE_N).permute(0, 2, 3, 1, 4).reshape(E, rows, n)
-        return t.view(E, nt, rows, TILE_N).permute(0, 2, 1, 3).reshape(E, rows, n)
-    return uncut(qt).contiguous(), uncut(st).contiguous()
-
-
 @dataclass(frozen=True)
 class PrepackedLinear:
-    """One W4A16 linear in kernel layout. q [Kp/8, N] int32, s [Kp/g, N] bf16; y = x @ W^T.
-    tile_n > 0: q and s are column-tiled (tile_columns), q [N/64 * Kp/8, 64], s [N/64 * Kp/g, 64]."""
+    """One W4A16 linear in kernel layout. q [Kp/8, N] int32, s [Kp/g, N] bf16; y = x @ W^T."""
     q: torch.Tensor
     s: torch.Tensor
     out_features: int
     in_features: int
     group: int
-    tile_n: int = 0
 
 
 @dataclass(frozen=True)
@@ -177,7 +130,6 @@ class PrepackedMoE:
     hidden: int
     intermediate: int
     group: int
-    tile_n: int = 0          # > 0: both matrices column-tiled (tile_columns; w13 gated)
 
 
 def prepack_linear(weight_packed: torch.Tensor, weight_scale: torch.Tensor, group: int) -> PrepackedLinear:
@@ -207,36 +159,3 @@ def prepack_moe(w13_packed: torch.Tensor, w13_scale: torch.Tensor, w2_packed: to
     w13_q, w13_s = prepack_matrix(w13_packed, w13_scale, group)
     w2_q, w2_s = prepack_matrix(w2_packed, w2_scale, group)
     return PrepackedMoE(w13_q, w13_s, w2_q, w2_s, num_experts=E, hidden=H, intermediate=I, group=group)
-
-
-def tile_moe(pp: PrepackedMoE) -> PrepackedMoE:
-    """The same experts in the column-tiled layout (see tile_columns)."""
-    if pp.tile_n:
-        return pp
-    q13, s13 = tile_columns(pp.w13_q, pp.w13_s, gated=True)
-    q2, s2 = tile_columns(pp.w2_q, pp.w2_s, gated=False)
-    return PrepackedMoE(q13, s13, q2, s2, num_experts=pp.num_experts, hidden=pp.hidden,
-                        intermediate=pp.intermediate, group=pp.group, tile_n=TILE_N)
-
-
-def untile_moe(pp: PrepackedMoE) -> PrepackedMoE:
-    if not pp.tile_n:
-        return pp
-    q13, s13 = untile_columns(pp.w13_q, pp.w13_s, 2 * pp.intermediate, gated=True)
-    q2, s2 = untile_columns(pp.w2_q, pp.w2_s, pp.hidden, gated=False)
-    return PrepackedMoE(q13, s13, q2, s2, num_experts=pp.num_experts, hidden=pp.hidden,
-                        intermediate=pp.intermediate, group=pp.group)
-
-
-def tile_linear(w: PrepackedLinear) -> PrepackedLinear:
-    if w.tile_n:
-        return w
-    q, s = tile_columns(w.q[None], w.s[None], gated=False)
-    return PrepackedLinear(q[0], s[0], w.out_features, w.in_features, w.group, tile_n=TILE_N)
-
-
-def untile_linear(w: PrepackedLinear) -> PrepackedLinear:
-    if not w.tile_n:
-        return w
-    q, s = untile_columns(w.q[None], w.s[None], w.out_features, gated=False)
-    return PrepackedLinear(q[0], s[0], w.out_features, w.in_features, w.group)

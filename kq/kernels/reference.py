@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from .layout import PrepackedLinear, PrepackedMoE, dequantize_prepacked, untile_linear, untile_moe
+from .layout import PrepackedLinear, PrepackedMoE, dequantize_prepacked
 
 
 def w4a16_linear(x: torch.Tensor, w: PrepackedLinear) -> torch.Tensor:
     """x [..., K] -> [..., N] in x.dtype."""
-    w = untile_linear(w)
     W = dequantize_prepacked(w.q.unsqueeze(0), w.s.unsqueeze(0), w.in_features, w.group)[0]   # [N, K]
     return (x.float() @ W.t()).to(x.dtype)
 
@@ -38,7 +37,6 @@ def fused_moe_w4a16(x: torch.Tensor, pp: PrepackedMoE, topk_weights: torch.Tenso
     """
     T, H = x.shape
     I = pp.intermediate
-    pp = untile_moe(pp)
     ids = local_expert_ids(topk_ids, expert_map)
     xf = x.float()
     out = torch.zeros(T, H, dtype=torch.float32, device=x.device)

@@ -14,7 +14,7 @@ import torch
 import triton
 
 from .gemm_kernel import dequant_kernel, splitk_reduce_kernel, w4a16_gemm_kernel
-from .layout import PACK_K, PrepackedLinear, PrepackedMoE, untile_linear
+from .layout import PACK_K, PrepackedLinear, PrepackedMoE
 from .moe_combine import combine_topk_kernel
 from .moe_routing import max_blocks, moe_align_kernel
 
@@ -30,7 +30,7 @@ class TileConfig:
     num_warps: int = 4
     num_stages: int = 3
     fold: bool | None = None    # codes enter the dot as q + 136 (gemm_kernel's FOLD); None: group >= 64
-    masks: bool = False         # keep the K/N load masks even where the shape makes them idle (A/B runs)
+    masks: bool = False         # keep the K/N load masks even where they are idle (A/B runs; see _launch_gemm)
 
 
 def _fold(cfg: TileConfig, group: int, deq: int) -> bool:
@@ -63,8 +63,8 @@ def dense_config(m: int, n: int, k: int, sms: int) -> TileConfig:
     """Tiles picked from the H200 sweep (benchmarks/results/kernels.md): BLOCK_M 16 up to 16 rows,
     32 above (BLOCK_M 64 takes Triton's wgmma path with the slow plain dequant, 5-10x slower)."""
     kblocks = -(-k // PACK_K)
-    if m <= 16:
-        return TileConfig(16, 64, _split_for(triton.cdiv(n, 64), kblocks, sms, waves=4))
+    if m <= 16:     # BLOCK_N 128 with the split sized for 64-wide tiles: 12288x6144 M=1 18.2 vs 22.1 us
+        return TileConfig(16, 128, _split_for(triton.cdiv(n, 64), kblocks, sms, waves=4))
     return TileConfig(32, 128, _split_for(triton.cdiv(m, 32) * triton.cdiv(n, 128), kblocks, sms))
 
 
@@ -81,14 +81,8 @@ def moe_configs(pairs: int, e: int, h: int, i: int, sms: int, group: int = 128) 
 
 
 def _launch_gemm(a, q, s, out, k, n, group, cfg: TileConfig, *, rows=0, routing=None, a_row_div=1,
-                 gated=False, up_offset=0, tile_n=0):
+                 gated=False, up_offset=0):
     kblocks = -(-k // PACK_K)
-    tile_q = tile_s = 0
-    if tile_n:      # column-tiled q [.., N/64 * Kp/8, W], s [.., N/64 * Kp/g, W] (layout.tile_columns)
-        tile_q = kblocks * PACK_K // 8 * q.shape[-1]
-        tile_s = kblocks * PACK_K // group * s.shape[-1]
-        if gated:
-            up_offset = tile_n
     if kblocks % cfg.split_k:
         raise ValueError(f"split_k {cfg.split_k} does not divide the {kblocks} K blocks of {PACK_K}")
     per_split = kblocks // cfg.split_k
@@ -102,16 +96,18 @@ def _launch_gemm(a, q, s, out, k, n, group, cfg: TileConfig, *, rows=0, routing=
     se = s.stride(0) if s.dim() == 3 else 0
     grid = (triton.cdiv(n, cfg.block_n), m_blocks, cfg.split_k)
     deq = 0 if _INTERPRETED else (2 if cfg.block_m < 64 else 1)     # see w4a16_gemm_kernel
+    fold = _fold(cfg, group, deq)
+    even = not cfg.masks and (fold or _INTERPRETED)     # the interpreter checks both paths at every group
     w4a16_gemm_kernel[grid](
         a, a.stride(0), q, qe, q.stride(-2), s, se, s.stride(-2),
         out, out.stride(0) if out.dim() == 3 else 0, out.stride(-2),
         pairs, blk_e, blk_s, blk_c,
-        rows, n, k, up_offset, per_split, tile_q, tile_s,
+        rows, n, k, up_offset, per_split,
         A_ROW_DIV=a_row_div, GROUP=group, DENSE=routing is None, GATED=gated,
         SPLIT_K=cfg.split_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        FOLD=_fold(cfg, group, deq),
-        EVEN_K=not cfg.masks and k % PACK_K == 0, EVEN_N=not cfg.masks and n % cfg.block_n == 0,
-        TILE_N=tile_n,
+        FOLD=fold,
+        # the unmasked loads only beside FOLD: measured slower at group 32 (gemm_kernel's doc)
+        EVEN_K=even and k % PACK_K == 0, EVEN_N=even and n % cfg.block_n == 0,
         DEQ=deq, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
@@ -139,14 +135,14 @@ def w4a16_linear(x: torch.Tensor, w: PrepackedLinear, *, config: TileConfig | No
     x2 = x.reshape(-1, k).contiguous()
     m = x2.shape[0]
     if config is None and m >= dequant_min_m:
-        return (x2 @ dequantize(untile_linear(w))).reshape(*x.shape[:-1], n)
+        return (x2 @ dequantize(w)).reshape(*x.shape[:-1], n)
     cfg = config or dense_config(m, n, k, _num_sms(x.device))
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if cfg.split_k == 1:
-        _launch_gemm(x2, w.q, w.s, out, k, n, w.group, cfg, rows=m, tile_n=w.tile_n)
+        _launch_gemm(x2, w.q, w.s, out, k, n, w.group, cfg, rows=m)
     else:
         part = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device)
-        _launch_gemm(x2, w.q, w.s, part, k, n, w.group, cfg, rows=m, tile_n=w.tile_n)
+        _launch_gemm(x2, w.q, w.s, part, k, n, w.group, cfg, rows=m)
         _reduce(part, out, m, n, gated=False)
     return out.reshape(*x.shape[:-1], n)
 
@@ -176,11 +172,11 @@ def moe_gate_up(x, pp: PrepackedMoE, routing, top_k: int, cfg: TileConfig) -> to
     act = torch.empty(p, i, dtype=x.dtype, device=x.device)
     if cfg.split_k == 1:
         _launch_gemm(x, pp.w13_q, pp.w13_s, act, h, i, pp.group, cfg, routing=routing, a_row_div=top_k,
-                     gated=True, up_offset=i, tile_n=pp.tile_n)
+                     gated=True, up_offset=i)
     else:
         part = torch.empty(cfg.split_k, p, 2 * i, dtype=torch.float32, device=x.device)
         _launch_gemm(x, pp.w13_q, pp.w13_s, part, h, i, pp.group, cfg, routing=routing, a_row_div=top_k,
-                     gated=True, up_offset=i, tile_n=pp.tile_n)
+                     gated=True, up_offset=i)
         _reduce(part, act, p, i, gated=True)
     return act
 
@@ -189,8 +185,7 @@ def moe_down(act, pp: PrepackedMoE, routing, cfg: TileConfig) -> torch.Tensor:
     """Stage 2: y[p] = act[p] @ down_e^T, [P, H] bf16 (rows of pairs with no local expert unwritten)."""
     p = act.shape[0]
     y = torch.empty(p, pp.hidden, dtype=act.dtype, device=act.device)
-    _launch_gemm(act, pp.w2_q, pp.w2_s, y, pp.intermediate, pp.hidden, pp.group, cfg, routing=routing,
-                 tile_n=pp.tile_n)
+    _launch_gemm(act, pp.w2_q, pp.w2_s, y, pp.intermediate, pp.hidden, pp.group, cfg, routing=routing)
     return y
 
 
