@@ -9,6 +9,8 @@ What runs, each in its own subprocess (so one run's memory cannot hide in anothe
   kq-jN, kq-absmax-jN   the same with `--jobs N` (output shards written at once; kq's default is 8 on a GPU)
   …-prof      any kq run with KQ_PROFILE=1 (see --profile), e.g. kq-j8-prof
   …-nowb      any kq run with KQ_NO_WRITEBACK=1 (no early writeback; the fsync at close writes it all)
+  …-swN       any kq run with KQ_SWITCH_INTERVAL_US=N (the interpreter's GIL switch interval, µs)
+  …-gwN       any kq run with KQ_GPU_WORKERS=N (reader/quantizer threads per shard job on a GPU)
   ….N         a repeat of a run (kq.2, kq-nowb.3): same command, its own row
   llmc        llm-compressor 0.14's `model_free_ptq`, shard by shard from block FP8 through
               compressed-tensors' FP8BlockDequantizer, RTN W4A16: int4, symmetric, group G,
@@ -137,13 +139,28 @@ def generate(size: str, layers: int, dst: Path, max_shard_mb: int | None = None)
     return {"options": opts, "seconds": round(time.perf_counter() - t0, 1)}
 
 
+_ENV_TAGS = {"sw": "KQ_SWITCH_INTERVAL_US", "gw": "KQ_GPU_WORKERS"}
+
+
+def _kq_tags(name: str) -> tuple[str, dict]:
+    """kq-j4-sw500-nowb-prof.2 -> ("kq-j4", environment): a trailing .N only tells repeated runs
+    apart; -prof, -nowb, -swN and -gwN set environment variables, not options."""
+    env, keep = {}, []
+    for part in name.split(".")[0].split("-"):
+        tag = part.rstrip("0123456789")
+        if part == "prof":
+            env["KQ_PROFILE"] = "1"
+        elif part == "nowb":
+            env["KQ_NO_WRITEBACK"] = "1"     # no sync_file_range behind the writer: fsync at close does it all
+        elif tag in _ENV_TAGS and part != tag:
+            env[_ENV_TAGS[tag]] = part[len(tag):]
+        else:
+            keep.append(part)
+    return "-".join(keep), env
+
+
 def _kq_base(name: str) -> str:
-    """kq-j4-nowb-prof.2 -> kq-j4: a trailing .N only tells repeated runs apart; -nowb and -prof
-    set environment variables (one_run), not options."""
-    name = name.split(".")[0]
-    for suffix in ("-prof", "-nowb"):
-        name = name.removesuffix(suffix)
-    return name
+    return _kq_tags(name)[0]
 
 
 def run_cmd(name: str, args, src: Path, out: Path, llmc_python: str) -> list[str]:
@@ -182,11 +199,10 @@ def one_run(name: str, args, src: Path, src_bytes: int, llmc_python: str, logs: 
     cmd = run_cmd(name, args, src, out, llmc_python)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    tags = name.split(".")[0]
-    if name.startswith("kq") and (args.profile or tags.endswith("-prof")):
-        env["KQ_PROFILE"] = "1"
-    if name.startswith("kq") and "-nowb" in tags:
-        env["KQ_NO_WRITEBACK"] = "1"     # no sync_file_range behind the writer: fsync at close does it all
+    if name.startswith("kq"):
+        env.update(_kq_tags(name)[1])
+        if args.profile:
+            env["KQ_PROFILE"] = "1"
     with open(logs / f"{name}.out", "wb") as so, open(logs / f"{name}.err", "wb") as se:
         w = run_watched(cmd, env=env, stdout=so, stderr=se, timeout=timeout)
     row = {"run": name, "rc": w["rc"], "wall_s": round(w["wall_s"], 2), "cpu_s": round(w["cpu_s"], 1),

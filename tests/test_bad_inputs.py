@@ -16,9 +16,9 @@ def _gen(tmp_path, name="src", family="glm5", **kw):
     return d
 
 
-def _refused(tmp_path, src, *extra, match):
+def _refused(tmp_path, src, *extra, match, env=None):
     out = tmp_path / "out"
-    r = run_kq("quantize", src, "--out", out, "--device", "cpu", *extra)
+    r = run_kq("quantize", src, "--out", out, "--device", "cpu", *extra, env=env)
     lines = [l for l in r.stderr.strip().splitlines() if l.strip()]
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr
@@ -166,3 +166,12 @@ def test_bad_option_values(tmp_path, small_glm5):
         r = run_kq("quantize", small_glm5, "--out", tmp_path / "o", *args)
         assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr
         assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("name,value,match", [
+    ("KQ_SWITCH_INTERVAL_US", "fast", "KQ_SWITCH_INTERVAL_US='fast' is not a number"),
+    ("KQ_GPU_WORKERS", "0", "KQ_GPU_WORKERS='0' must be positive"),
+    ("KQ_GPU_WORKERS", "2.5", "KQ_GPU_WORKERS='2.5' is not a number"),
+])
+def test_bad_tuning_knob_in_the_environment(tmp_path, name, value, match):
+    _refused(tmp_path, _gen(tmp_path), match=match, env={name: value})

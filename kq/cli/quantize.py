@@ -68,12 +68,13 @@ def quantize(
     import torch
 
     from kq.quantize.plan import make_plan
-    from kq.quantize.run import Options, preflight, run_quantize
+    from kq.quantize.run import Options, check_tuning_env, preflight, run_quantize
 
     require(to == "int4", f"--to {to}: only int4 is supported")
     require(method in ("rtn", "gptq"), f"--method {method}: use rtn or gptq")
     require(clip in ("mse", "absmax"), f"--clip {clip}: use mse or absmax")
     require(device in ("auto", "cpu", "cuda"), f"--device {device}: use auto, cpu or cuda")
+    check_tuning_env()
     if device == "cuda" and not torch.cuda.is_available():
         raise KqError("--device cuda: no CUDA GPU is visible")
     if method == "gptq":

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import sys
 import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -40,9 +41,28 @@ from kq.quantize.plan import FP8, Plan
 INDEX_NAME = "model.safetensors.index.json"
 PREFETCH = 4  # expert tensors read ahead of the quantizer (and written behind it)
 READERS = 2   # threads per shard job reading expert tensors (quantized on the job's own thread)
+
+
+def _env_number(name: str, default, kind=int):
+    """A tuning knob from the environment (benchmarks/rtn.py A/Bs them); a bad value is refused."""
+    raw = os.environ.get(name, "")
+    if not raw:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise KqError(f"{name}={raw!r} is not a number") from None
+    if value <= 0:
+        raise KqError(f"{name}={raw!r} must be positive")
+    return value
 # GPU with kq's RTN: threads per shard job that each read *and* quantize an expert tensor (on a
 # CUDA stream of their own), so one shard's pipeline is not held to one thread's H2D/sync/D2H.
-GPU_WORKERS = 4
+GPU_WORKERS = 4     # reader+quantizer threads per shard job on a GPU (KQ_GPU_WORKERS overrides)
+
+
+def check_tuning_env() -> None:
+    """Refuse a bad KQ_GPU_WORKERS / KQ_SWITCH_INTERVAL_US with one line, before any work."""
+    Options()
 
 
 class Progress(Protocol):
@@ -58,6 +78,10 @@ class Options:
     clip: str = "mse"            # mse | absmax (RTN)
     stream: bool = False
     jobs: int = 1                # output shards written at once (not part of the result)
+    # Host tuning, from the environment by default (benchmarks/rtn.py A/Bs them; not part of the result)
+    gpu_workers: int = field(default_factory=lambda: _env_number("KQ_GPU_WORKERS", GPU_WORKERS))
+    switch_us: float = field(default_factory=lambda: _env_number("KQ_SWITCH_INTERVAL_US",
+                                                                 sys.getswitchinterval() * 1e6, float))
 
     def fingerprint(self, source: Source) -> str:
         """What must match for an existing folder to count as 'this same run'."""
@@ -174,7 +198,8 @@ def run_quantize(source: Source, plan: Plan, out: Path, opts: Options, *,
         paths = {n: source.shard_path(n) for n in sp.needs}
         for n, p in paths.items():
             read_header(p)  # a Hub download could be truncated: check before writing anything
-        sha, size = _write_shard(source, sp, out / sp.name, paths, expert_codes, progress, device, fused)
+        sha, size = _write_shard(source, sp, out / sp.name, paths, expert_codes, progress, device, fused,
+                                 opts.gpu_workers)
         with lock:
             state["shards"][sp.name] = {"sha256": sha, "size": size}
             write_json_atomic(state_path, state)
@@ -190,15 +215,15 @@ def run_quantize(source: Source, plan: Plan, out: Path, opts: Options, *,
     for sp in plan.shards:
         if sp not in pending and progress:
             progress.end_shard(sp.name, True)
-    if opts.jobs <= 1:
-        for sp in pending:
-            one(sp)
-    else:
-        # Output shards are independent: several at once keep the disk, the hashing and the
-        # GPU busy together (each job is itself pipelined, see _write_shard).
-        with ThreadPoolExecutor(max_workers=opts.jobs, thread_name_prefix="kq-shard") as ex:
-            for f in [ex.submit(one, sp) for sp in pending]:
-                f.result()
+    # With many threads (jobs x workers, plus writers and hashers) the I/O threads queue for the
+    # GIL behind the ones running Python; KQ_SWITCH_INTERVAL_US shortens the interpreter's switch
+    # interval for the run (restored after it).
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(opts.switch_us / 1e6)
+    try:
+        _run_jobs(one, pending, opts.jobs)
+    finally:
+        sys.setswitchinterval(switch)
     seconds = time.time() - t0
     prof = None
     if PROFILE.on:
@@ -210,6 +235,18 @@ def run_quantize(source: Source, plan: Plan, out: Path, opts: Options, *,
     return summary
 
 
+def _run_jobs(one, pending: list, jobs: int) -> None:
+    if jobs <= 1:
+        for sp in pending:
+            one(sp)
+        return
+    # Output shards are independent: several at once keep the disk, the hashing and the
+    # GPU busy together (each job is itself pipelined, see _write_shard).
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="kq-shard") as ex:
+        for f in [ex.submit(one, sp) for sp in pending]:
+            f.result()
+
+
 def _shard_done(out: Path, name: str, state: dict) -> bool:
     rec = state["shards"].get(name)
     p = out / name
@@ -217,7 +254,7 @@ def _shard_done(out: Path, name: str, state: dict) -> bool:
 
 
 def _write_shard(source: Source, sp, final: Path, paths: dict, expert_codes: ExpertCodes, progress,
-                 device: torch.device, fused: bool = False) -> tuple[str, int]:
+                 device: torch.device, fused: bool = False, gpu_workers: int = GPU_WORKERS) -> tuple[str, int]:
     """One output shard, pipelined: reader threads fetch the next expert tensors from the
     source files (plain file reads, which release the GIL, into pinned memory when a GPU
     is used), the calling thread quantizes, and one writer thread appends tensors to the
@@ -255,7 +292,7 @@ def _write_shard(source: Source, sp, final: Path, paths: dict, expert_codes: Exp
         w, scale = load_expert(name)
         return expert_codes(name, w, scale) if fused else (w, scale)
 
-    workers = GPU_WORKERS if fused else READERS
+    workers = gpu_workers if fused else READERS
     ahead = max(PREFETCH, workers + 2)
     experts = list(dict.fromkeys(t.src for t in sp.tensors if t.action != "copy"))
     writer = StreamingShardWriter(final, [(t.name, t.dtype, t.shape) for t in sp.tensors], {"format": "pt"})
