@@ -260,8 +260,11 @@ def versions(llmc_python: str) -> dict:
         v["llmc_env"] = peer
     except (subprocess.CalledProcessError, json.JSONDecodeError, FileNotFoundError) as e:
         v["llmc_env"] = {"error": str(e)[:200]}
-    v["kq_commit"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                                    capture_output=True, text=True).stdout.strip() or "?"
+    # KQ_COMMIT first: the lent GPU machine gets a copy of the working tree whose git metadata can
+    # lag behind it (runs 12-14 were labelled 030d085 there), so the caller names the commit
+    v["kq_commit"] = os.environ.get("KQ_COMMIT") or (subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        or "?") + " (git there)"
     return v
 
 
@@ -400,7 +403,7 @@ def main() -> None:
     md += [f"{r['run']}: {r['profile_line']}" for r in rows if r.get("profile_line")]
     for clip in ("kq", "kq-absmax"):
         shas = {r["run"]: r["output_sha"] for r in rows if r.get("output_sha")
-                and r["run"].removesuffix("-prof").partition("-j")[0] == clip}
+                and _kq_base(r["run"]).partition("-j")[0] == clip}
         if len(shas) > 1:
             same = len(set(shas.values())) == 1
             info.setdefault("kq_outputs_identical", {})[clip] = same

@@ -57,7 +57,10 @@ def _env_number(name: str, default, kind=int):
     return value
 # GPU with kq's RTN: threads per shard job that each read *and* quantize an expert tensor (on a
 # CUDA stream of their own), so one shard's pipeline is not held to one thread's H2D/sync/D2H.
-GPU_WORKERS = 4     # reader+quantizer threads per shard job on a GPU (KQ_GPU_WORKERS overrides)
+# Reader+quantizer threads per shard job on a GPU (KQ_GPU_WORKERS overrides). 2, not 4: with 5 shard
+# jobs at once the extra threads mostly queue for the GIL (H200, full-size GLM-5.2 layer, one call:
+# 2 workers 2.53 / 2.42 GB/s, 4 workers 1.86 / 2.21, 8 workers 2.34 / 2.08; BENCHMARKS.md run 14).
+GPU_WORKERS = 2
 
 
 def check_tuning_env() -> None:
