@@ -14,12 +14,12 @@ and output on the fp32 partial sums, not on every weight.
 FOLD drops that subtract too: the dot takes the codes as 128 + nibble = q + 136, and the
 136 * sum(x) they add is taken off once per group from one extra dot of x with a constant
 (shared by gate and up).  At group 128 this is 64 fewer instructions per warp and K block
-(390 -> 324 in the sm_90 SASS of the decode gate+up loop); at group 32 the per-group
+(390 -> 326 in the sm_90 SASS of the decode gate+up loop); at group 32 the per-group
 correction costs what it saves, so the host turns it on for group >= 64 only.
 EVEN_K / EVEN_N (K a multiple of 128, N of BLOCK_N) drop the K and N load masks; the row mask
 stays (without it the padding rows of a decode tile, 14-15 of 16, become real activation reads).
 The host sets them with FOLD only: at group 32 the unmasked loads measured 10-30 % slower on
-the H200 (benchmarks/results/kernels.md, third session), at group 128 FOLD + EVEN 0-5 % faster.
+the H200 (benchmarks/results/kernels.md, fourth session), at group 128 FOLD + EVEN 0-5 % faster.
 """
 import triton
 import triton.language as tl
@@ -155,7 +155,7 @@ def w4a16_gemm_kernel(
                 part_g, xoff = _dot_planes(a_base, row_mask, wg, kb, j, K, part_g, xoff, offs_w, DEQ == 0,
                                            FOLD and DEQ == 0, True)
                 if GATED:     # the same x as gate's: its offset is already in xoff
-                    part_u, xoff_u = _dot_planes(a_base, row_mask, wu, kb, j, K, part_u, xoff, offs_w,
+                    part_u, _unused = _dot_planes(a_base, row_mask, wu, kb, j, K, part_u, xoff, offs_w,
                                                  DEQ == 0, FOLD and DEQ == 0, False)
             else:
                 kk = kb * 128 + j * 32 + offs_k32

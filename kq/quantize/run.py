@@ -41,6 +41,12 @@ from kq.quantize.plan import FP8, Plan
 INDEX_NAME = "model.safetensors.index.json"
 PREFETCH = 4  # expert tensors read ahead of the quantizer (and written behind it)
 READERS = 2   # threads per shard job reading expert tensors (quantized on the job's own thread)
+# GPU with kq's RTN: threads per shard job that each read *and* quantize an expert tensor (on a
+# CUDA stream of their own), so one shard's pipeline is not held to one thread's H2D/sync/D2H.
+# 2, not 4: with 5 shard jobs at once more threads mostly queue for the GIL (H200, full-size
+# GLM-5.2 layer, one call: 2 threads 2.53 / 2.42 GB/s, 4 threads 1.86 / 2.21, 8 threads 2.34 / 2.08;
+# BENCHMARKS.md run 14). KQ_GPU_WORKERS overrides it.
+GPU_WORKERS = 2
 
 
 def _env_number(name: str, default, kind=int):
@@ -55,12 +61,6 @@ def _env_number(name: str, default, kind=int):
     if value <= 0:
         raise KqError(f"{name}={raw!r} must be positive")
     return value
-# GPU with kq's RTN: threads per shard job that each read *and* quantize an expert tensor (on a
-# CUDA stream of their own), so one shard's pipeline is not held to one thread's H2D/sync/D2H.
-# Reader+quantizer threads per shard job on a GPU (KQ_GPU_WORKERS overrides). 2, not 4: with 5 shard
-# jobs at once the extra threads mostly queue for the GIL (H200, full-size GLM-5.2 layer, one call:
-# 2 workers 2.53 / 2.42 GB/s, 4 workers 1.86 / 2.21, 8 workers 2.34 / 2.08; BENCHMARKS.md run 14).
-GPU_WORKERS = 2
 
 
 def check_tuning_env() -> None:
