@@ -18,7 +18,7 @@ FOLD drops that subtract too: the dot takes the codes as 128 + nibble = q + 136,
 correction costs what it saves, so the host turns it on for group >= 64 only.
 EVEN_K / EVEN_N (K a multiple of 128, N of BLOCK_N) drop the K and N load masks; the row mask
 stays (without it the padding rows of a decode tile, 14-15 of 16, become real activation reads).
-The host sets them with FOLD only: at group 32 the unmasked loads measured 10-30 % slower on
+The host sets them with FOLD only: at group 32 the unmasked loads measured 4-30 % slower on
 the H200 (benchmarks/results/kernels.md, fourth session), at group 128 FOLD + EVEN 0-5 % faster.
 """
 import triton
