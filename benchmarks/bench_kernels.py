@@ -252,6 +252,34 @@ def ab_time(base, cfg0, label, make_fns, bytes_, extra=None):
                  "GBps": round(bytes_ / us / 1e3, 1), "cfg": cfg.__dict__, **(extra or {})})
 
 
+LANES: list[bool] = []      # --lanes: also time the experimental CUDA decode MoE (kq/kernels/cuda_lanes.py)
+
+
+def lanes_case(base, e, h, i, m, topk, group, tis, tw, a, touched):
+    """The CUDA lane-layout kernel on random checkpoint-format weights: gate+up alone (routing
+    outside the timing, blocks of 8 pairs) and the whole MoE."""
+    from kq.kernels import cuda_lanes
+    try:
+        p13 = torch.randint(-2**31, 2**31 - 1, (e, 2 * i, h // 8), device=DEV, dtype=torch.int32)
+        s13 = (torch.rand(e, 2 * i, h // group, device=DEV) * 1e-2 + 1e-3).to(torch.bfloat16)
+        p2 = torch.randint(-2**31, 2**31 - 1, (e, h, i // 8), device=DEV, dtype=torch.int32)
+        s2 = (torch.rand(e, h, i // group, device=DEV) * 1e-2 + 1e-3).to(torch.bfloat16)
+        lm = cuda_lanes.lane_moe(p13, s13, p2, s2, group)
+        del p13, s13, p2, s2
+        bpw = 0.5 + 2 / group
+        rts = [kops.moe_align(t, e, 8) for t in tis]
+        us = graph_us([lambda rt=rt: cuda_lanes.moe_gate_up(a, lm, rt, topk) for rt in rts])
+        log({**base, "kind": f"lanes_g{group}", "us": round(us, 2), "GBps": round(touched * 2 * i * h * bpw / us / 1e3, 1)})
+        us = graph_us([lambda t=t: cuda_lanes.fused_moe_lanes(a, lm, tw, t) for t in tis])
+        log({**base, "kind": f"lanes_full_g{group}", "us": round(us, 2),
+             "GBps": round(touched * 3 * i * h * bpw / us / 1e3, 1)})
+        del lm
+        torch.cuda.empty_cache()
+    except Exception as ex:
+        traceback.print_exc()
+        log({**base, "kind": f"lanes_g{group}", "error": repr(ex)[:300]})
+
+
 def moe_case(name, e, h, i, m, topk, groups, peers, sweep, r=12, kq=True):
     tis = routings(e, m, topk, r)
     touched = sum(torch.unique(t).numel() for t in tis) / r
@@ -335,6 +363,8 @@ def moe_case(name, e, h, i, m, topk, groups, peers, sweep, r=12, kq=True):
                  "cfg": [c.__dict__ for c in (cfgs or (cfg1, cfg2))]})
         del pp, acts
         torch.cuda.empty_cache()
+    for group in groups if LANES and kq else []:
+        lanes_case(base, e, h, i, m, topk, group, tis, tw, a, touched)
     for group in groups if "marlin" in peers else []:
         bpw = 0.5 + 2 / group
         try:
@@ -449,10 +479,12 @@ def main():
     ap.add_argument("--no-kq", action="store_true", help="peers only")
     ap.add_argument("--warm-marlin", action="store_true")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--lanes", action="store_true", help="also time the experimental CUDA decode MoE")
     ap.add_argument("--variants", default="", help="A/B of tile-config changes, comma list of: "
                     + ",".join(VARIANTS) + " (replaces the --sweep for kq's rows)")
     args = ap.parse_args()
     AB[:] = [v for v in args.variants.split(",") if v]
+    LANES[:] = [True] if args.lanes else []
     for v in AB:
         if v not in VARIANTS:
             ap.error(f"unknown variant {v!r}; known: {', '.join(VARIANTS)}")

@@ -1,0 +1,255 @@
+// Experimental W4A16 fused-MoE stage for decode (branch cuda-decode-wip): not validated on a GPU yet.
+//
+// One kernel for both MoE stages: gate+up (GATED: silu(x W_gate^T) * (x W_up^T), bf16 out) and down.
+// Weights in the lane layout (kq/kernels/lane_layout.py): each lane loads the 16 bytes it needs for a
+// 128-input block with one global load straight into registers; no shared memory, no barrier, so the
+// warps of a CTA never wait for each other (the Triton kernel's stalls were mostly warps waiting on
+// one another and on short dependency chains, not on memory: benchmarks/results/kernels.md).
+//
+// Per warp: NT n-tiles of 8 output columns (of gate and of up when GATED), all rows (<= 16 pairs)
+// of one routed block. mma.m16n8k16 bf16 -> fp32; the codes enter as 128 + nibble = q + 136 and
+// 136 * sum(x) comes off per group from one extra mma of x with a constant (shared by all tiles).
+// Activations come from global memory (L1/L2: every CTA of the block reads the same rows), 8 bytes
+// per lane and step: a lane's inputs of a step are 4 consecutive values (see lane_layout.py).
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace kq_lanes {
+
+__device__ __forceinline__ uint32_t pair_bf16(uint32_t w) {
+  // (w & 0x000F000F) | 0x43004300: bf16 128 + nibble in both halves
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w), "n"(0x000F000F), "n"(0x43004300));
+  return r;
+}
+
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float2 bf16x2_to_float2(uint32_t v) {
+  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xFFFF0000u));
+}
+
+__device__ __forceinline__ uint32_t float2_to_bf16x2(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+struct Params {
+  const __nv_bfloat16* a;      // activations [rows, K], row stride lda
+  const int4* q;               // lane words [E][n_tiles_all][KB][32 lanes] (16 B per lane)
+  const __nv_bfloat16* s;      // scales [E][n_tiles_all][G][8]
+  __nv_bfloat16* out;          // [rows_out, N] (row stride ldo)
+  const int* pairs;            // routing table (kq/kernels/moe_routing.py)
+  const int* blk_expert;
+  const int* blk_start;
+  const int* blk_count;
+  int lda, ldo, K, kb_total, groups, n_tiles, n_tiles_all, up_tiles, a_row_div;
+};
+
+constexpr uint32_t NEG136 = 0xC308C308u;   // bf16x2 (-136, -136)
+
+// The tensor-core roles are swapped for decode: A = weights (16 columns: n-tiles 2m and 2m+1 of the
+// lane layout, so lane (g, t) dequantises columns g and g + 8), B = activations (8 rows of the routed
+// block, token g for lane g), C = [16 columns x 8 rows]. With at most a few rows per expert, none of
+// the mma's 16-wide side is wasted on padding rows, the A fragment {col g h0, col g+8 h0, col g h1,
+// col g+8 h1} is built by the dequantising lop3s in place, and the B fragment is one 8-byte load.
+// The routing table is built with blocks of at most 8 pairs (ROWS16 is kept in the device code for a
+// later 16-row variant; the kernel instantiates it off).
+template <int NT, int MATS, int GROUP, bool ROWS16>
+__device__ __forceinline__ void block_mma(const int4 (&w)[NT][MATS][2], const uint2 (&xb)[2][8], int kb,
+                                          float (&part)[NT][MATS][2][4], float (&acc)[NT][MATS][2][4],
+                                          float (&xoff)[2][4], const __nv_bfloat16* const (&sb)[NT][MATS][2]) {
+  constexpr int WORDS_PER_GROUP = GROUP / 32;   // a word covers 2 steps = 32 inputs
+  constexpr int RB = ROWS16 ? 2 : 1;            // 8-row halves of the block
+  const uint32_t neg[4] = {NEG136, NEG136, NEG136, NEG136};
+#pragma unroll
+  for (int wd = 0; wd < 4; ++wd) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {       // step 2wd + half uses shifts 4(2 half + h)
+      const int st = 2 * wd + half;
+#pragma unroll
+      for (int r = 0; r < RB; ++r) mma(xoff[r], neg, xb[r][st].x, xb[r][st].y);
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+#pragma unroll
+        for (int m = 0; m < MATS; ++m) {
+          const uint32_t lo = reinterpret_cast<const uint32_t*>(&w[i][m][0])[wd] >> (8 * half);   // column g
+          const uint32_t hi = reinterpret_cast<const uint32_t*>(&w[i][m][1])[wd] >> (8 * half);   // column g + 8
+          const uint32_t a[4] = {pair_bf16(lo), pair_bf16(hi), pair_bf16(lo >> 4), pair_bf16(hi >> 4)};
+#pragma unroll
+          for (int r = 0; r < RB; ++r) mma(part[i][m][r], a, xb[r][st].x, xb[r][st].y);
+        }
+      }
+    }
+    if ((wd + 1) % WORDS_PER_GROUP == 0) {       // a group ends: scale, add, restart
+      const int gi = (kb * 128 + 32 * wd) / GROUP;
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+#pragma unroll
+        for (int m = 0; m < MATS; ++m) {
+          const float s0 = __bfloat162float(sb[i][m][0][gi * 8]);     // column g
+          const float s1 = __bfloat162float(sb[i][m][1][gi * 8]);     // column g + 8
+#pragma unroll
+          for (int r = 0; r < RB; ++r) {
+            acc[i][m][r][0] += (part[i][m][r][0] + xoff[r][0]) * s0;
+            acc[i][m][r][1] += (part[i][m][r][1] + xoff[r][1]) * s0;
+            acc[i][m][r][2] += (part[i][m][r][2] + xoff[r][2]) * s1;
+            acc[i][m][r][3] += (part[i][m][r][3] + xoff[r][3]) * s1;
+            part[i][m][r][0] = part[i][m][r][1] = part[i][m][r][2] = part[i][m][r][3] = 0.f;
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < RB; ++r) xoff[r][0] = xoff[r][1] = xoff[r][2] = xoff[r][3] = 0.f;
+    }
+  }
+}
+
+// A block's words (one 16-byte load per column half, tile and matrix) and activations (one 8-byte
+// load per step and 8-row half: token g's inputs 16 step + 4t .. +3; zero past K unless EVEN_K).
+template <int NT, int MATS, bool ROWS16, bool EVEN_K>
+__device__ __forceinline__ void block_load(int4 (&w)[NT][MATS][2], uint2 (&xb)[2][8],
+                                           const int4* const (&qb)[NT][MATS][2], const __nv_bfloat16* const (&xr)[2],
+                                           const bool (&vr)[2], int kb, int K4) {
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int m = 0; m < MATS; ++m)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) w[i][m][c] = __ldg(qb[i][m][c] + (size_t)kb * 32);
+#pragma unroll
+  for (int r = 0; r < (ROWS16 ? 2 : 1); ++r) {
+#pragma unroll
+    for (int st = 0; st < 8; ++st) {
+      const int k = kb * 128 + 16 * st;            // + 4t inside xr; K4 = K - 4t
+      const bool ok = vr[r] && (EVEN_K || k < K4);
+      xb[r][st] = ok ? __ldg(reinterpret_cast<const uint2*>(xr[r] + k)) : make_uint2(0, 0);
+    }
+  }
+}
+
+template <int NT, bool GATED, int GROUP, int WARPS, bool ROWS16, bool EVEN_K>
+__device__ __forceinline__ void moe_lanes_body(const Params& p, int e, int start, int count) {
+  constexpr int MATS = GATED ? 2 : 1;
+  constexpr int RB = ROWS16 ? 2 : 1;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int pair0 = (blockIdx.x * WARPS + warp) * NT;   // 16-column tiles = pairs of 8-column n-tiles
+
+  // B: token g (and g + 8 with ROWS16) of the routed block
+  bool vr[2];
+  const __nv_bfloat16* xr[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = g + 8 * r;
+    vr[r] = row < count;
+    const int o = vr[r] ? p.pairs[start + row] : 0;
+    xr[r] = p.a + (size_t)(o / p.a_row_div) * p.lda + 4 * t;
+  }
+  const int* rows_out = p.pairs + start;
+
+  const int4* qb[NT][MATS][2];
+  const __nv_bfloat16* sb[NT][MATS][2];
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+#pragma unroll
+    for (int m = 0; m < MATS; ++m) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int tile = min(2 * (pair0 + i) + c, p.n_tiles - 1) + m * p.up_tiles;   // past the end: repeat
+        const size_t et = (size_t)e * p.n_tiles_all + tile;
+        qb[i][m][c] = p.q + et * p.kb_total * 32 + lane;       // lane 4g + t: column g of this n-tile, chunk t
+        sb[i][m][c] = p.s + et * p.groups * 8 + g;
+      }
+    }
+  }
+  float acc[NT][MATS][2][4] = {};
+  float part[NT][MATS][2][4] = {};
+  float xoff[2][4] = {};
+  const int K4 = p.K - 4 * t;
+  // two register sets, ping-pong: the next block's loads are in flight while this one is multiplied
+  int4 wa[NT][MATS][2], wb[NT][MATS][2];
+  uint2 xa[2][8], xbb[2][8];
+  block_load<NT, MATS, ROWS16, EVEN_K>(wa, xa, qb, xr, vr, 0, K4);
+  for (int kb = 0; kb < p.kb_total; kb += 2) {
+    const bool more = kb + 1 < p.kb_total;
+    if (more) block_load<NT, MATS, ROWS16, EVEN_K>(wb, xbb, qb, xr, vr, kb + 1, K4);
+    block_mma<NT, MATS, GROUP, ROWS16>(wa, xa, kb, part, acc, xoff, sb);
+    if (!more) break;
+    if (kb + 2 < p.kb_total) block_load<NT, MATS, ROWS16, EVEN_K>(wa, xa, qb, xr, vr, kb + 2, K4);
+    block_mma<NT, MATS, GROUP, ROWS16>(wb, xbb, kb + 1, part, acc, xoff, sb);
+  }
+
+  // C fragment [16 columns x 8 rows]: c0, c1 = column g, rows 2t, 2t+1; c2, c3 = column g + 8
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int tile = 2 * (pair0 + i) + c;
+      if (tile >= p.n_tiles) continue;
+      const int col = tile * 8 + g;
+#pragma unroll
+      for (int r = 0; r < RB; ++r) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int row = 8 * r + 2 * t + j;
+          if (row >= count) continue;
+          float y = acc[i][0][r][2 * c + j];
+          if (GATED) {
+            const float up = acc[i][MATS - 1][r][2 * c + j];
+            y = y / (1.f + __expf(-y)) * up;
+          }
+          p.out[(size_t)rows_out[row] * p.ldo + col] = __float2bfloat16_rn(y);
+        }
+      }
+    }
+  }
+}
+
+// grid: (ceil(n_tiles / (2 NT WARPS)), routed blocks of <= 8 pairs: moe_align with block_m 8);
+// n_tiles (8-column tiles per matrix) must be even
+template <int NT, bool GATED, int GROUP, int WARPS, bool EVEN_K>
+__global__ void __launch_bounds__(32 * WARPS) moe_lanes_kernel(Params p) {
+  const int warp = threadIdx.x >> 5;
+  if (2 * (blockIdx.x * WARPS + warp) * NT >= p.n_tiles) return;   // warps are independent: no barrier
+  const int e = p.blk_expert[blockIdx.y];
+  if (e < 0) return;                                               // a block the routing did not use
+  moe_lanes_body<NT, GATED, GROUP, WARPS, false, EVEN_K>(p, e, p.blk_start[blockIdx.y], p.blk_count[blockIdx.y]);
+}
+
+}  // namespace kq_lanes
+
+// Host entry: grid (ceil(n_tiles / (2 NT WARPS)), routed blocks); returns cudaGetLastError(), or -1 when
+// no instance matches (NT 1 or 2, group 32/64/128) or n_tiles is odd.
+extern "C" int kq_moe_lanes_launch(const void* a, const void* q, const void* s, void* out, const int* pairs,
+                                   const int* blk_expert, const int* blk_start, const int* blk_count, int n_blocks,
+                                   int lda, int ldo, int K, int kb_total, int groups, int n_tiles, int n_tiles_all,
+                                   int up_tiles, int a_row_div, int gated, int group, int nt, void* stream) {
+  using namespace kq_lanes;
+  Params p{static_cast<const __nv_bfloat16*>(a), static_cast<const int4*>(q), static_cast<const __nv_bfloat16*>(s),
+           static_cast<__nv_bfloat16*>(out), pairs, blk_expert, blk_start, blk_count,
+           lda, ldo, K, kb_total, groups, n_tiles, n_tiles_all, up_tiles, a_row_div};
+  constexpr int WARPS = 4;
+  if (n_tiles % 2) return -1;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const dim3 block(32 * WARPS);
+#define KQ_LAUNCH(NT_, GATED_, GROUP_)                                                                 \
+  if (nt == NT_ && (gated != 0) == GATED_ && group == GROUP_) {                                        \
+    const dim3 grid((n_tiles + 2 * NT_ * WARPS - 1) / (2 * NT_ * WARPS), n_blocks);                   \
+    if (K % 128 == 0) moe_lanes_kernel<NT_, GATED_, GROUP_, WARPS, true><<<grid, block, 0, st>>>(p);   \
+    else moe_lanes_kernel<NT_, GATED_, GROUP_, WARPS, false><<<grid, block, 0, st>>>(p);               \
+    return static_cast<int>(cudaGetLastError());                                                       \
+  }
+  KQ_LAUNCH(1, true, 128) KQ_LAUNCH(1, true, 64) KQ_LAUNCH(1, true, 32)
+  KQ_LAUNCH(2, false, 128) KQ_LAUNCH(2, false, 64) KQ_LAUNCH(2, false, 32)
+  KQ_LAUNCH(1, false, 128) KQ_LAUNCH(1, false, 64) KQ_LAUNCH(1, false, 32)
+#undef KQ_LAUNCH
+  return -1;   // no instance for these parameters
+}

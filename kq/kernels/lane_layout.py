@@ -1,0 +1,110 @@
+"""Lane layout: the weight layout of the experimental CUDA decode kernel (kq/kernels/cuda/).
+
+Work in progress (branch cuda-decode-wip): not used by any default path yet.
+
+Why another layout. The Triton kernel is bound by executing its instructions, not by memory
+(benchmarks/results/kernels.md, fourth session): per warp and 128-input block it spends ~326
+instructions, of which the weight path through shared memory (cp.async, barrier, ld.shared
+into the tensor-core fragment) and the CTA-wide barriers are a large part. Here every lane reads
+the four 32-bit words it needs for a whole 128-input block with one 16-byte global load, straight
+into the registers of its mma.sync B fragments, and the four warps of a CTA never wait for each
+other: no shared memory, no barrier.
+
+Per matrix W [N, K] (stored nibble c = q + 8, K padded to a multiple of 128 with nibble 8):
+    words  [N/8, KB, 8, 4, 4] int32   (n-tile of 8 columns, 128-input block, column c in the tile,
+                                       lane chunk t, word wd): lane 4c + t of a warp reads the 16
+                                       bytes [c, t, :] of one (n-tile, block): 512 contiguous bytes
+                                       per warp, and the next block follows.
+    scales [N/8, G, 8] bf16           (n-tile, group, column)
+Inside the 4 words of (column n, block kb, chunk t), nibble J = j + 4i (bits 4J..4J+3) of word wd is
+input  k = 128 kb + 16 step + 4 t + 2 h + i,   step = (4 wd + j) // 2,  h = (4 wd + j) % 2.
+Why that order: mma.m16n8k16 gives lane t (= lane % 4) the B-fragment rows 2t, 2t+1 (register b0b1)
+and 2t+8, 2t+9 (b2b3) of each 16-input step. Mapping the step's logical row 2t + 8h + i to the
+physical input 16 step + 4t + 2h + i (a permutation inside the step, applied to A and B alike, so
+the product is unchanged) makes (1) each step's 16 inputs one aligned run, so a group of 32, 64 or 128
+inputs is whole steps and the group scale can be applied after the dot; (2) a lane's activations for
+a step 4 consecutive bf16 (one 8-byte load gives a0a1 and a4a5); (3) one shift by 4j and one
+lop3 0x000F000F | 0x43004300 of a word leave the pair (i = 0, 1) as a bf16x2 register of 128 + c.
+"""
+from __future__ import annotations
+
+import torch
+
+from .layout import PACK_K, unpack_checkpoint_nibbles
+
+TILE = 8           # columns per n-tile (the n of mma.m16n8k16)
+STEPS = PACK_K // 16
+
+
+def lane_input(kb: int, t: int, wd: int, j: int, i: int) -> int:
+    """The input index that nibble j + 4i of word wd of lane chunk t holds in block kb."""
+    p = 4 * wd + j
+    return PACK_K * kb + 16 * (p // 2) + 4 * t + 2 * (p % 2) + i
+
+
+def _index(device=None) -> torch.Tensor:
+    """[4 t, 4 wd, 8 J] -> input offset inside a block (J = j + 4i)."""
+    idx = torch.empty(4, 4, 8, dtype=torch.long)
+    for t in range(4):
+        for wd in range(4):
+            for j in range(4):
+                for i in range(2):
+                    idx[t, wd, j + 4 * i] = lane_input(0, t, wd, j, i)
+    return idx.to(device) if device is not None else idx
+
+
+def lane_pack(packed: torch.Tensor, scale: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checkpoint layout (weight_packed [E, N, K/8] int32, weight_scale [E, N, K/g]) -> lane layout
+    (words [E, N/8, KB, 8, 4, 4] int32, scales [E, N/8, Kp/g, 8] bf16; padded groups scale 0)."""
+    E, N, K8 = packed.shape
+    K = K8 * 8
+    if N % TILE:
+        raise ValueError(f"lane_pack: {N} outputs is not a multiple of {TILE}")
+    if group not in (32, 64, 128) or K % group:
+        raise ValueError(f"lane_pack: group {group} does not fit {K} inputs")
+    KB = -(-K // PACK_K)
+    Kp = KB * PACK_K
+    dev = packed.device
+    idx = _index(dev).view(-1)                                       # [128]
+    words = torch.empty(E, N // TILE, KB, TILE, 4, 4, dtype=torch.int32, device=dev)
+    for e in range(E):
+        codes = unpack_checkpoint_nibbles(packed[e])                 # [N, K] uint8
+        if Kp != K:
+            codes = torch.nn.functional.pad(codes, (0, Kp - K), value=8)
+        blocks = codes.view(N, KB, PACK_K)[:, :, idx].view(N, KB, 4, 4, 8).to(torch.int32)   # [n, kb, t, wd, J]
+        w = torch.zeros(N, KB, 4, 4, dtype=torch.int32, device=dev)
+        for J in range(8):
+            w |= blocks[..., J] << (4 * J)
+        words[e] = w.view(N // TILE, TILE, KB, 4, 4).permute(0, 2, 1, 3, 4)
+    s = torch.zeros(E, N // TILE, Kp // group, TILE, dtype=torch.bfloat16, device=dev)
+    s[:, :, : K // group] = scale.to(torch.bfloat16).view(E, N // TILE, TILE, K // group).permute(0, 1, 3, 2)
+    return words.contiguous(), s.contiguous()
+
+
+def emulate_mma_gemm(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
+    """What the CUDA kernel computes for one matrix, step by step the way it reads: x [M <= 16, K]
+    -> y [M, N] float64. Lane (g, t) of step s takes its B pairs from word s // 2 at shifts
+    4 (2 (s % 2) + h), h = 0, 1, and its A pairs from x[16 s + 4 t + 2 h + i]; the tests check this
+    bookkeeping (and where a group ends) against a plain matmul of the checkpoint's weights."""
+    M, K = x.shape
+    NT, KB = words.shape[0], words.shape[1]
+    xp = torch.zeros(M, KB * PACK_K, dtype=torch.float64)
+    xp[:, :K] = x.double()
+    w = words.to(torch.int64) & 0xFFFFFFFF                       # [NT, KB, 8, 4, 4]
+    y = torch.zeros(M, NT * TILE, dtype=torch.float64)
+    for kb in range(KB):
+        part = torch.zeros(M, NT, TILE, dtype=torch.float64)
+        for s in range(STEPS):
+            for t in range(4):
+                for h in range(2):
+                    word = w[:, kb, :, t, s // 2]                  # [NT, 8 columns]
+                    for i in range(2):
+                        c = (word >> (4 * (2 * (s % 2) + h) + 16 * i)) & 0xF
+                        xk = xp[:, kb * PACK_K + 16 * s + 4 * t + 2 * h + i]      # [M]
+                        part += xk[:, None, None] * (c.double() + 128.0)        # codes enter as q + 136
+                        part -= xk[:, None, None] * 136.0                        # the offset dot
+            if (16 * (s + 1)) % group == 0:
+                gi = (kb * PACK_K + 16 * s) // group
+                y += (part * scales[:, gi, :].double()).reshape(M, NT * TILE)
+                part.zero_()
+    return y
