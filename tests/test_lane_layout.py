@@ -24,7 +24,7 @@ def test_emulated_kernel_equals_a_float64_matmul(group, k):
     nib = torch.randint(0, 16, (E, N, k), generator=gen)
     scale = (torch.rand(E, N, k // group, generator=gen) * 0.05 + 1e-3).to(torch.bfloat16)
     words, s = lane_pack(pack_checkpoint_nibbles(nib), scale, group)
-    assert words.shape == (E, N // 8, -(-k // 128), 8, 4, 4) and s.shape == (E, N // 8, -(-k // 128) * 128 // group, 8)
+    assert words.shape == (E, N // 8, -(-k // 128), 8, 4, 4) and s.shape == (E, N // 8, 8, -(-k // 128) * 128 // group)
     x = torch.randn(M, k, generator=gen)
     for e in range(E):
         w = (nib[e].double() - 8) * scale[e].double().repeat_interleave(group, dim=1)     # [N, K]

@@ -26,7 +26,7 @@ int64_t launch(torch::Tensor a, torch::Tensor q, torch::Tensor s, torch::Tensor 
                torch::Tensor be, torch::Tensor bs, torch::Tensor bc, int64_t K, int64_t n_tiles,
                int64_t n_tiles_all, int64_t up_tiles, int64_t a_row_div, int64_t gated, int64_t group, int64_t nt) {
   const int kb_total = q.size(2);
-  const int groups = s.size(2);
+  const int groups = s.size(3);   // scales [E, tiles, 8, G]
   return kq_moe_lanes_launch(a.data_ptr(), q.data_ptr(), s.data_ptr(), out.data_ptr(), pairs.data_ptr<int>(),
                              be.data_ptr<int>(), bs.data_ptr<int>(), bc.data_ptr<int>(), be.numel(),
                              a.stride(0), out.stride(0), K, kb_total, groups, n_tiles, n_tiles_all, up_tiles,
@@ -46,7 +46,7 @@ def _ext():
 @dataclass(frozen=True)
 class LaneMoE:
     """A layer's routed experts in the lane layout: w13 = [gate; up] ([E, 2I/8, KB_H, 8, 4, 4] words,
-    [E, 2I/8, G_H, 8] scales), w2 = down ([E, H/8, KB_I, 8, 4, 4], [E, H/8, G_I, 8])."""
+    [E, 2I/8, 8, G_H] scales), w2 = down ([E, H/8, KB_I, 8, 4, 4], [E, H/8, 8, G_I])."""
     w13_q: torch.Tensor
     w13_s: torch.Tensor
     w2_q: torch.Tensor

@@ -15,7 +15,8 @@ Per matrix W [N, K] (stored nibble c = q + 8, K padded to a multiple of 128 with
                                        lane chunk t, word wd): lane 4c + t of a warp reads the 16
                                        bytes [c, t, :] of one (n-tile, block): 512 contiguous bytes
                                        per warp, and the next block follows.
-    scales [N/8, G, 8] bf16           (n-tile, group, column)
+    scales [N/8, 8, G] bf16           (n-tile, column, group): a column's groups of one block are one
+                                       2-, 4- or 8-byte load (group 128, 64, 32)
 Inside the 4 words of (column n, block kb, chunk t), nibble J = j + 4i (bits 4J..4J+3) of word wd is
 input  k = 128 kb + 16 step + 4 t + 2 h + i,   step = (4 wd + j) // 2,  h = (4 wd + j) % 2.
 Why that order: mma.m16n8k16 gives lane t (= lane % 4) the B-fragment rows 2t, 2t+1 (register b0b1)
@@ -55,7 +56,7 @@ def _index(device=None) -> torch.Tensor:
 
 def lane_pack(packed: torch.Tensor, scale: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Checkpoint layout (weight_packed [E, N, K/8] int32, weight_scale [E, N, K/g]) -> lane layout
-    (words [E, N/8, KB, 8, 4, 4] int32, scales [E, N/8, Kp/g, 8] bf16; padded groups scale 0)."""
+    (words [E, N/8, KB, 8, 4, 4] int32, scales [E, N/8, 8, Kp/g] bf16; padded groups scale 0)."""
     E, N, K8 = packed.shape
     K = K8 * 8
     if N % TILE:
@@ -76,8 +77,8 @@ def lane_pack(packed: torch.Tensor, scale: torch.Tensor, group: int) -> tuple[to
         for J in range(8):
             w |= blocks[..., J] << (4 * J)
         words[e] = w.view(N // TILE, TILE, KB, 4, 4).permute(0, 2, 1, 3, 4)
-    s = torch.zeros(E, N // TILE, Kp // group, TILE, dtype=torch.bfloat16, device=dev)
-    s[:, :, : K // group] = scale.to(torch.bfloat16).view(E, N // TILE, TILE, K // group).permute(0, 1, 3, 2)
+    s = torch.zeros(E, N // TILE, TILE, Kp // group, dtype=torch.bfloat16, device=dev)
+    s[..., : K // group] = scale.to(torch.bfloat16).view(E, N // TILE, TILE, K // group)
     return words.contiguous(), s.contiguous()
 
 
@@ -105,6 +106,6 @@ def emulate_mma_gemm(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor,
                         part -= xk[:, None, None] * 136.0                        # the offset dot
             if (16 * (s + 1)) % group == 0:
                 gi = (kb * PACK_K + 16 * s) // group
-                y += (part * scales[:, gi, :].double()).reshape(M, NT * TILE)
+                y += (part * scales[:, :, gi].double()).reshape(M, NT * TILE)
                 part.zero_()
     return y

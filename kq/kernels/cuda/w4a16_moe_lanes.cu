@@ -43,7 +43,7 @@ __device__ __forceinline__ uint32_t float2_to_bf16x2(float lo, float hi) {
 struct Params {
   const __nv_bfloat16* a;      // activations [rows, K], row stride lda
   const int4* q;               // lane words [E][n_tiles_all][KB][32 lanes] (16 B per lane)
-  const __nv_bfloat16* s;      // scales [E][n_tiles_all][G][8]
+  const __nv_bfloat16* s;      // scales [E][n_tiles_all][8][G]
   __nv_bfloat16* out;          // [rows_out, N] (row stride ldo)
   const int* pairs;            // routing table (kq/kernels/moe_routing.py)
   const int* blk_expert;
@@ -54,6 +54,12 @@ struct Params {
 
 constexpr uint32_t NEG136 = 0xC308C308u;   // bf16x2 (-136, -136)
 
+// bf16 number lg (0..3) of the up-to-four scales loaded for a block, as float
+__device__ __forceinline__ float scale_at(uint2 v, int lg) {
+  const uint32_t w = lg < 2 ? v.x : v.y;
+  return __uint_as_float((lg & 1) ? (w & 0xFFFF0000u) : (w << 16));
+}
+
 // The tensor-core roles are swapped for decode: A = weights (16 columns: n-tiles 2m and 2m+1 of the
 // lane layout, so lane (g, t) dequantises columns g and g + 8), B = activations (8 rows of the routed
 // block, token g for lane g), C = [16 columns x 8 rows]. With at most a few rows per expert, none of
@@ -62,9 +68,9 @@ constexpr uint32_t NEG136 = 0xC308C308u;   // bf16x2 (-136, -136)
 // The routing table is built with blocks of at most 8 pairs (ROWS16 is kept in the device code for a
 // later 16-row variant; the kernel instantiates it off).
 template <int NT, int MATS, int GROUP, bool ROWS16>
-__device__ __forceinline__ void block_mma(const int4 (&w)[NT][MATS][2], const uint2 (&xb)[2][8], int kb,
-                                          float (&part)[NT][MATS][2][4], float (&acc)[NT][MATS][2][4],
-                                          float (&xoff)[2][4], const __nv_bfloat16* const (&sb)[NT][MATS][2]) {
+__device__ __forceinline__ void block_mma(const int4 (&w)[NT][MATS][2], const uint2 (&xb)[2][8],
+                                          const uint2 (&sc)[NT][MATS][2], float (&part)[NT][MATS][2][4],
+                                          float (&acc)[NT][MATS][2][4], float (&xoff)[2][4]) {
   constexpr int WORDS_PER_GROUP = GROUP / 32;   // a word covers 2 steps = 32 inputs
   constexpr int RB = ROWS16 ? 2 : 1;            // 8-row halves of the block
   const uint32_t neg[4] = {NEG136, NEG136, NEG136, NEG136};
@@ -88,13 +94,13 @@ __device__ __forceinline__ void block_mma(const int4 (&w)[NT][MATS][2], const ui
       }
     }
     if ((wd + 1) % WORDS_PER_GROUP == 0) {       // a group ends: scale, add, restart
-      const int gi = (kb * 128 + 32 * wd) / GROUP;
+      const int lg = wd / WORDS_PER_GROUP;        // the group's place among this block's 128 / GROUP
 #pragma unroll
       for (int i = 0; i < NT; ++i) {
 #pragma unroll
         for (int m = 0; m < MATS; ++m) {
-          const float s0 = __bfloat162float(sb[i][m][0][gi * 8]);     // column g
-          const float s1 = __bfloat162float(sb[i][m][1][gi * 8]);     // column g + 8
+          const float s0 = scale_at(sc[i][m][0], lg);     // column g
+          const float s1 = scale_at(sc[i][m][1], lg);     // column g + 8
 #pragma unroll
           for (int r = 0; r < RB; ++r) {
             acc[i][m][r][0] += (part[i][m][r][0] + xoff[r][0]) * s0;
@@ -113,16 +119,28 @@ __device__ __forceinline__ void block_mma(const int4 (&w)[NT][MATS][2], const ui
 
 // A block's words (one 16-byte load per column half, tile and matrix) and activations (one 8-byte
 // load per step and 8-row half: token g's inputs 16 step + 4t .. +3; zero past K unless EVEN_K).
-template <int NT, int MATS, bool ROWS16, bool EVEN_K>
-__device__ __forceinline__ void block_load(int4 (&w)[NT][MATS][2], uint2 (&xb)[2][8],
-                                           const int4* const (&qb)[NT][MATS][2], const __nv_bfloat16* const (&xr)[2],
-                                           const bool (&vr)[2], int kb, int K4) {
+template <int NT, int MATS, int GROUP, bool ROWS16, bool EVEN_K>
+__device__ __forceinline__ void block_load(int4 (&w)[NT][MATS][2], uint2 (&xb)[2][8], uint2 (&sc)[NT][MATS][2],
+                                           const int4* const (&qb)[NT][MATS][2],
+                                           const __nv_bfloat16* const (&sb)[NT][MATS][2],
+                                           const __nv_bfloat16* const (&xr)[2], const bool (&vr)[2], int kb, int K4) {
+  constexpr int GPB = 128 / GROUP;               // groups per block: one 2-, 4- or 8-byte scale load
 #pragma unroll
   for (int i = 0; i < NT; ++i)
 #pragma unroll
     for (int m = 0; m < MATS; ++m)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) w[i][m][c] = __ldg(qb[i][m][c] + (size_t)kb * 32);
+      for (int c = 0; c < 2; ++c) {
+        w[i][m][c] = __ldg(qb[i][m][c] + (size_t)kb * 32);
+        const __nv_bfloat16* sp = sb[i][m][c] + kb * GPB;
+        if (GPB == 4) {
+          sc[i][m][c] = __ldg(reinterpret_cast<const uint2*>(sp));
+        } else if (GPB == 2) {
+          sc[i][m][c] = make_uint2(__ldg(reinterpret_cast<const uint32_t*>(sp)), 0u);
+        } else {
+          sc[i][m][c] = make_uint2(__ldg(reinterpret_cast<const unsigned short*>(sp)), 0u);
+        }
+      }
 #pragma unroll
   for (int r = 0; r < (ROWS16 ? 2 : 1); ++r) {
 #pragma unroll
@@ -166,7 +184,7 @@ __device__ __forceinline__ void moe_lanes_body(const Params& p, int e, int start
         const int tile = min(2 * (pair0 + i) + c, p.n_tiles - 1) + m * p.up_tiles;   // past the end: repeat
         const size_t et = (size_t)e * p.n_tiles_all + tile;
         qb[i][m][c] = p.q + et * p.kb_total * 32 + lane;       // lane 4g + t: column g of this n-tile, chunk t
-        sb[i][m][c] = p.s + et * p.groups * 8 + g;
+        sb[i][m][c] = p.s + (et * 8 + g) * p.groups;           // column g's groups, contiguous
       }
     }
   }
@@ -176,15 +194,15 @@ __device__ __forceinline__ void moe_lanes_body(const Params& p, int e, int start
   const int K4 = p.K - 4 * t;
   // two register sets, ping-pong: the next block's loads are in flight while this one is multiplied
   int4 wa[NT][MATS][2], wb[NT][MATS][2];
-  uint2 xa[2][8], xbb[2][8];
-  block_load<NT, MATS, ROWS16, EVEN_K>(wa, xa, qb, xr, vr, 0, K4);
+  uint2 xa[2][8], xbb[2][8], sa[NT][MATS][2], sbb[NT][MATS][2];
+  block_load<NT, MATS, GROUP, ROWS16, EVEN_K>(wa, xa, sa, qb, sb, xr, vr, 0, K4);
   for (int kb = 0; kb < p.kb_total; kb += 2) {
     const bool more = kb + 1 < p.kb_total;
-    if (more) block_load<NT, MATS, ROWS16, EVEN_K>(wb, xbb, qb, xr, vr, kb + 1, K4);
-    block_mma<NT, MATS, GROUP, ROWS16>(wa, xa, kb, part, acc, xoff, sb);
+    if (more) block_load<NT, MATS, GROUP, ROWS16, EVEN_K>(wb, xbb, sbb, qb, sb, xr, vr, kb + 1, K4);
+    block_mma<NT, MATS, GROUP, ROWS16>(wa, xa, sa, part, acc, xoff);
     if (!more) break;
-    if (kb + 2 < p.kb_total) block_load<NT, MATS, ROWS16, EVEN_K>(wa, xa, qb, xr, vr, kb + 2, K4);
-    block_mma<NT, MATS, GROUP, ROWS16>(wb, xbb, kb + 1, part, acc, xoff, sb);
+    if (kb + 2 < p.kb_total) block_load<NT, MATS, GROUP, ROWS16, EVEN_K>(wa, xa, sa, qb, sb, xr, vr, kb + 2, K4);
+    block_mma<NT, MATS, GROUP, ROWS16>(wb, xbb, sbb, part, acc, xoff);
   }
 
   // C fragment [16 columns x 8 rows]: c0, c1 = column g, rows 2t, 2t+1; c2, c3 = column g + 8
