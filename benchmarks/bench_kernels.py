@@ -129,10 +129,9 @@ def sgl_align(topk_ids, block_m, e):
     return sorted_ids, expert_ids, total
 
 
-def sgl_triton_stage1(kind, e, n, k, m, topk, tis, tw, a, group):
-    """Best of a few tile configs of SGLang's invoke_fused_moe_kernel for one weight format."""
-    import triton.language as tl
-    from sglang.kernels.ops.moe.fused_moe_triton_kernels import invoke_fused_moe_kernel
+def sgl_moe_operands(kind, e, n, k, a, group):
+    """Random weights for SGLang's Triton fused-MoE kernel in one format, and the activations it takes
+    (FP8 w8a8: quantized per token and 128-input block): (aq, a_s, b, bs, bytes per weight)."""
     if kind == "bf16":
         b = torch.randn(e, n, k, device=DEV, dtype=torch.bfloat16) * 0.02
         bs, bpw = None, 2.0
@@ -145,11 +144,30 @@ def sgl_triton_stage1(kind, e, n, k, m, topk, tis, tw, a, group):
         bs = (torch.rand(e, n, k // group, device=DEV) * 1e-2 + 1e-3).to(torch.bfloat16)
         bpw = 0.5 + 2 / group
     if kind == "fp8":
+        m = a.shape[0]
         ag = a.float().view(m, k // 128, 128)
         a_s = ag.abs().amax(-1).clamp(min=1e-6) / 448.0
         aq = (ag / a_s[..., None]).to(torch.float8_e4m3fn).view(m, k)
     else:
         aq, a_s = a, None
+    return aq, a_s, b, bs, bpw
+
+
+def sgl_invoke(kind, aq, a_s, b, bs, c, tw, topk_ids, al, cfg, group):
+    """One gate+up call of SGLang's invoke_fused_moe_kernel (al: sgl_align's routing)."""
+    import triton.language as tl
+    from sglang.kernels.ops.moe.fused_moe_triton_kernels import invoke_fused_moe_kernel
+    s_, e_, n_ = al
+    invoke_fused_moe_kernel(
+        aq, b, None, c, a_s, bs, None, tw, topk_ids, s_, e_, n_, mul_routed_weight=False, top_k=topk_ids.shape[1],
+        config=cfg, compute_type=tl.bfloat16, use_fp8_w8a8=kind == "fp8", use_int8_w8a8=False,
+        use_int8_w8a16=False, use_int4_w4a16=kind.startswith("int4"), per_channel_quant=False,
+        block_shape=[128, 128] if kind == "fp8" else ([0, group] if kind.startswith("int4") else None))
+
+
+def sgl_triton_stage1(kind, e, n, k, m, topk, tis, tw, a, group):
+    """Best of a few tile configs of SGLang's invoke_fused_moe_kernel for one weight format."""
+    aq, a_s, b, bs, bpw = sgl_moe_operands(kind, e, n, k, a, group)
     c = torch.empty(m, topk, n, device=DEV, dtype=torch.bfloat16)
     bm = 16 if m * topk <= 4 * e else 64
     als = [sgl_align(t, bm, e) for t in tis]
@@ -159,16 +177,9 @@ def sgl_triton_stage1(kind, e, n, k, m, topk, tis, tw, a, group):
             continue
         cfg = {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 1,
                "num_warps": 4, "num_stages": st}
-
-        def call(t, al, cfg=cfg):
-            s_, e_, n_ = al
-            invoke_fused_moe_kernel(
-                aq, b, None, c, a_s, bs, None, tw, t, s_, e_, n_, mul_routed_weight=False, top_k=topk,
-                config=cfg, compute_type=tl.bfloat16, use_fp8_w8a8=kind == "fp8", use_int8_w8a8=False,
-                use_int8_w8a16=False, use_int4_w4a16=kind.startswith("int4"), per_channel_quant=False,
-                block_shape=[128, 128] if kind == "fp8" else ([0, group] if kind.startswith("int4") else None))
         try:
-            us = graph_us([lambda t=t, al=al: call(t, al) for t, al in zip(tis, als)])
+            us = graph_us([lambda t=t, al=al, cfg=cfg: sgl_invoke(kind, aq, a_s, b, bs, c, tw, t, al, cfg, group)
+                           for t, al in zip(tis, als)])
         except Exception:  # a tile config the kernel cannot compile for this shape
             continue
         if best is None or us < best[0]:

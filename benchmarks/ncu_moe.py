@@ -19,7 +19,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
-from bench_kernels import MOE_SHAPES, VARIANTS, random_moe, sgl_align  # noqa: E402
+from bench_kernels import MOE_SHAPES, VARIANTS, random_moe, sgl_align, sgl_invoke, sgl_moe_operands  # noqa: E402
 
 from kq.kernels import triton_ops as kops  # noqa: E402
 
@@ -54,23 +54,15 @@ def main() -> None:
 
 
 def sgl_fp8_gate_up(x, ids, e, n, k) -> None:
-    import triton.language as tl
-    from sglang.kernels.ops.moe.fused_moe_triton_kernels import invoke_fused_moe_kernel
-    m, topk = ids.shape
-    b = (torch.randn(e, n, k, device="cuda") * 0.02).to(torch.float8_e4m3fn)
-    bs = torch.rand(e, n // 128, k // 128, device="cuda") * 1e-3 + 1e-4
-    xg = x.float().view(m, k // 128, 128)
-    a_s = xg.abs().amax(-1).clamp(min=1e-6) / 448.0
-    aq = (xg / a_s[..., None]).to(torch.float8_e4m3fn).view(m, k)
-    c = torch.empty(m, topk, n, device="cuda", dtype=torch.bfloat16)
-    s_, e_, n_ = sgl_align(ids, 16, e)
+    """SGLang's FP8 gate+up on the routing kq's steps used, its best decode tile, twice (the first compiles)."""
+    aq, a_s, b, bs, _ = sgl_moe_operands("fp8", e, n, k, x, 128)
+    c = torch.empty(x.shape[0], ids.shape[1], n, device="cuda", dtype=torch.bfloat16)
+    al = sgl_align(ids, 16, e)
+    tw = torch.rand(ids.shape, device="cuda")
     cfg = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1,
            "num_warps": 4, "num_stages": 3}
     for _ in range(2):
-        invoke_fused_moe_kernel(aq, b, None, c, a_s, bs, None, torch.rand(m, topk, device="cuda"), ids, s_, e_, n_,
-                                mul_routed_weight=False, top_k=topk, config=cfg, compute_type=tl.bfloat16,
-                                use_fp8_w8a8=True, use_int8_w8a8=False, use_int8_w8a16=False,
-                                use_int4_w4a16=False, per_channel_quant=False, block_shape=[128, 128])
+        sgl_invoke("fp8", aq, a_s, b, bs, c, tw, ids, al, cfg, 128)
     torch.cuda.synchronize()
     print(f"sglang fp8 gate+up {cfg}", flush=True)
 

@@ -301,8 +301,8 @@ GPTQ_VARIANTS = {  # key: (row name, extra `kq quantize` options)
     "gptq_clip_absmax": ("kq GPTQ --gptq-clip absmax", ["--gptq-clip", "absmax"]),
 }
 # Priority order: what the acceptance needs first (the table on disk is complete up to the last row).
-ORDER = ["gptq", "absmax", "llmc_gptq", "naive", "gptq_search", "gptq_asym", "gptq_damp001", "gptq_damp0001", "gptq_clip_absmax", "gptq_refit", "gptq_weighted", "gptq_routed", "mse",
-         "gptq_damp01", "llmc_free", "bf16"]
+ORDER = ["gptq", "absmax", "llmc_gptq", "naive", "gptq_search", "gptq_asym", "gptq_damp001", "gptq_damp0001",
+         "gptq_clip_absmax", "gptq_refit", "gptq_weighted", "gptq_routed", "mse", "gptq_damp01", "llmc_free", "bf16"]
 
 
 def main() -> None:

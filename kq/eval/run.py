@@ -29,22 +29,23 @@ def eval_ids(folder: Path, text: Path, seqs: int, seqlen: int) -> tuple[torch.Te
     return windows(tokenize(folder, read_documents(text)), seqs, seqlen, what=str(text))
 
 
-def check_inputs(out: Path, dtype: str) -> None:
-    """What can be refused before the source is opened (a Hub source is downloaded first)."""
+def check_inputs(out: Path, dtype: str) -> CheckpointReader:
+    """What can be refused before the source is opened (a Hub source is downloaded first); returns
+    the quantized checkpoint's reader."""
     if dtype not in DTYPES:
         raise KqError(f"--dtype {dtype}: use float32 or bfloat16")
-    CheckpointReader(out)  # a folder with config.json and its shards' index, or one clear line
+    return CheckpointReader(out)  # a folder with config.json and its shards' index, or one clear line
 
 
 def evaluate(out: Path, against: Path, text: Path, *, seqs: int = 48, seqlen: int = 256, batch: int = 8,
              dtype: str = "float32", device: str = "cpu", write: bool = True, source_name: str | None = None,
              on_layer: Callable[[int, int], None] | None = None) -> dict:
     out, against = Path(out), Path(against)
-    check_inputs(out, dtype)
+    out_reader = check_inputs(out, dtype)
     if out.resolve() == against.resolve():
         raise KqError("--against names the same folder as the checkpoint to evaluate")
     src = LayerwiseModel(CheckpointReader(against), dtype=DTYPES[dtype], device=device)
-    q = LayerwiseModel(CheckpointReader(out), dtype=DTYPES[dtype], device=device)
+    q = LayerwiseModel(out_reader, dtype=DTYPES[dtype], device=device)
     ids, targets = eval_ids(against, text, seqs, seqlen)
     res = compare(src, q, ids, targets, batch=batch, on_layer=on_layer)
     record = {
