@@ -3,7 +3,7 @@
 Work in progress (branch cuda-decode-wip): not used by any default path yet.
 
 Why another layout. The Triton kernel is bound by executing its instructions, not by memory
-(benchmarks/results/kernels.md, fourth session): per warp and 128-input block it spends ~326
+(benchmarks/results/kernels.md, fourth session): per warp and 128-input block it spends ~330
 instructions, of which the weight path through shared memory (cp.async, barrier, ld.shared
 into the tensor-core fragment) and the CTA-wide barriers are a large part. Here every lane reads
 the four 32-bit words it needs for a whole 128-input block with one 16-byte global load, straight
