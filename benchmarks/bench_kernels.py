@@ -102,6 +102,16 @@ def random_moe(e, h, i, group) -> PrepackedMoE:
     return PrepackedMoE(q13, s13, q2, s2, num_experts=e, hidden=h, intermediate=i, group=group)
 
 
+def random_lane_moe(e, h, i, group):
+    """Random checkpoint-format experts (weight_packed / weight_scale) in the CUDA kernel's lane layout."""
+    from kq.kernels import cuda_lanes
+    p13 = torch.randint(-2**31, 2**31 - 1, (e, 2 * i, h // 8), device=DEV, dtype=torch.int32)
+    s13 = (torch.rand(e, 2 * i, h // group, device=DEV) * 1e-2 + 1e-3).to(torch.bfloat16)
+    p2 = torch.randint(-2**31, 2**31 - 1, (e, h, i // 8), device=DEV, dtype=torch.int32)
+    s2 = (torch.rand(e, h, i // group, device=DEV) * 1e-2 + 1e-3).to(torch.bfloat16)
+    return cuda_lanes.lane_moe(p13, s13, p2, s2, group)
+
+
 def routings(e, m, topk, r):
     return [torch.stack([torch.randperm(e, device=DEV)[:topk] for _ in range(m)]).to(torch.int32)
             for _ in range(r)]
@@ -267,23 +277,27 @@ LANES: list[bool] = []      # --lanes: also time the experimental CUDA decode Mo
 
 
 def lanes_case(base, e, h, i, m, topk, group, tis, tw, a, touched):
-    """The CUDA lane-layout kernel on random checkpoint-format weights: gate+up alone (routing
-    outside the timing, blocks of 8 pairs) and the whole MoE."""
+    """The CUDA lane-layout kernel on random checkpoint-format weights: gate+up and down alone for every
+    (KSPLIT, DEPTH) instance (routing outside the timing, blocks of 8 pairs), then the whole MoE with
+    the picked instances."""
     from kq.kernels import cuda_lanes
     try:
-        p13 = torch.randint(-2**31, 2**31 - 1, (e, 2 * i, h // 8), device=DEV, dtype=torch.int32)
-        s13 = (torch.rand(e, 2 * i, h // group, device=DEV) * 1e-2 + 1e-3).to(torch.bfloat16)
-        p2 = torch.randint(-2**31, 2**31 - 1, (e, h, i // 8), device=DEV, dtype=torch.int32)
-        s2 = (torch.rand(e, h, i // group, device=DEV) * 1e-2 + 1e-3).to(torch.bfloat16)
-        lm = cuda_lanes.lane_moe(p13, s13, p2, s2, group)
-        del p13, s13, p2, s2
+        lm = random_lane_moe(e, h, i, group)
         bpw = 0.5 + 2 / group
         rts = [kops.moe_align(t, e, 8) for t in tis]
-        us = graph_us([lambda rt=rt: cuda_lanes.moe_gate_up(a, lm, rt, topk) for rt in rts])
-        log({**base, "kind": f"lanes_g{group}", "us": round(us, 2), "GBps": round(touched * 2 * i * h * bpw / us / 1e3, 1)})
+        act = torch.randn(m * topk, i, device=DEV, dtype=torch.bfloat16)
+        pick1 = cuda_lanes.pick(m * topk, e, i // 16, -(-h // 128))
+        pick2 = cuda_lanes.pick(m * topk, e, h // 32, -(-i // 128))
+        for v in cuda_lanes.VARIANTS:
+            us = graph_us([lambda rt=rt: cuda_lanes.moe_gate_up(a, lm, rt, topk, v) for rt in rts])
+            log({**base, "kind": f"lanes_g{group}_k{v[0]}d{v[1]}", "us": round(us, 2),
+                 "GBps": round(touched * 2 * i * h * bpw / us / 1e3, 1), "picked": v == pick1})
+            us = graph_us([lambda rt=rt: cuda_lanes.moe_down(act, lm, rt, v) for rt in rts])
+            log({**base, "kind": f"lanes_down_g{group}_k{v[0]}d{v[1]}", "us": round(us, 2),
+                 "GBps": round(touched * i * h * bpw / us / 1e3, 1), "picked": v == pick2})
         us = graph_us([lambda t=t: cuda_lanes.fused_moe_lanes(a, lm, tw, t) for t in tis])
         log({**base, "kind": f"lanes_full_g{group}", "us": round(us, 2),
-             "GBps": round(touched * 3 * i * h * bpw / us / 1e3, 1)})
+             "GBps": round(touched * 3 * i * h * bpw / us / 1e3, 1), "picks": [pick1, pick2]})
         del lm
         torch.cuda.empty_cache()
     except Exception as ex:

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on a lent 2-GPU H200 (nvidia-h200-x2) for the experimental CUDA decode MoE (kq/kernels/cuda_lanes.py):
 #   GPU 1: build the extension, benchmarks/lanes_check.py (stage-by-stage errors, one-hot input map), the
-#          GPU tests tests/test_kernels_lanes_gpu.py, then compute-sanitizer memcheck on the small checks.
+#          GPU tests tests/test_kernels_lanes_gpu.py, Nsight Compute on one GLM-5.2 decode step (kq's Triton
+#          stages, the lane kernel's NCU_LANES instances, SGLang's FP8 gate+up; NCU=0 skips), then with
+#          SANITIZE=1 compute-sanitizer memcheck on the small checks.
 #   GPU 0: once the extension is built, bench_kernels.py --lanes beside kq's Triton MoE and SGLang's FP8 MoE.
 # carry: .whl-slim .gpu      results: $OUT/lanes.tgz
 set -o pipefail
@@ -16,6 +18,14 @@ which nvcc; nvcc --version | tail -2
   touch "$R/built"
   timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_lanes_gpu.py > "$R/pytest.log" 2>&1
   tail -3 "$R/pytest.log"
+  if [ "${NCU:-1}" != 0 ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-n .whl-slim/*.whl
+    PYTHONPATH=/tmp/site-n:$PWD/.gpu/stubs:$PWD timeout 200 ncu --clock-control none \
+      -k regex:"w4a16_gemm_kernel|fused_moe_kernel|moe_lanes_kernel" --section SpeedOfLight --section Occupancy \
+      --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --print-details all \
+      python3 benchmarks/ncu_moe.py --variants base --lanes "${NCU_LANES:-1x2,1x3,1x4}" --sgl-fp8 > "$R/ncu.log" 2>&1
+    echo "ncu rc $?"
+  fi
   if [ -n "$SANITIZE" ]; then
     timeout 200 compute-sanitizer --tool memcheck python3 benchmarks/lanes_check.py > "$R/memcheck.log" 2>&1
     echo "memcheck rc $?"; grep -E "ERROR SUMMARY|Invalid" "$R/memcheck.log" | head -5

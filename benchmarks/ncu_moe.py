@@ -19,7 +19,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
-from bench_kernels import MOE_SHAPES, VARIANTS, random_moe, sgl_align, sgl_invoke, sgl_moe_operands  # noqa: E402
+from bench_kernels import MOE_SHAPES, VARIANTS, random_lane_moe, random_moe, sgl_align, sgl_invoke, sgl_moe_operands  # noqa: E402
 
 from kq.kernels import triton_ops as kops  # noqa: E402
 
@@ -33,6 +33,8 @@ def main() -> None:
     ap.add_argument("--sgl-fp8", action="store_true",
                     help="then SGLang's FP8 block-128 MoE kernel (gate+up, its best tile BM16 BN64 BK128, "
                          "3 stages) on the same routing: profile with -k regex:fused_moe_kernel")
+    ap.add_argument("--lanes", default="", help="then the CUDA lane kernel's gate+up and down for these "
+                    "KSPLITxDEPTH instances, e.g. 1x2,1x3 (profile with -k regex:moe_lanes_kernel)")
     args = ap.parse_args()
     e, h, i = MOE_SHAPES[args.case]
     torch.manual_seed(0)
@@ -49,8 +51,24 @@ def main() -> None:
             kops.moe_down(act, pp, r2, c2)
         torch.cuda.synchronize()
         print(f"variant {v}: gate+up {c1}, down {c2}", flush=True)
+    if args.lanes:
+        lanes_steps(x, ids, e, h, i, args.group, args.lanes)
     if args.sgl_fp8:
         sgl_fp8_gate_up(x, ids, e, 2 * i, h)
+
+
+def lanes_steps(x, ids, e, h, i, group, variants) -> None:
+    """The CUDA lane kernel's two stages for each KSPLITxDEPTH instance, twice (the first builds)."""
+    from kq.kernels import cuda_lanes
+    lm = random_lane_moe(e, h, i, group)
+    rt = kops.moe_align(ids, e, 8)
+    for v in variants.split(","):
+        ks, d = (int(n) for n in v.split("x"))
+        for _ in range(2):
+            act = cuda_lanes.moe_gate_up(x, lm, rt, 8, (ks, d))
+            cuda_lanes.moe_down(act, lm, rt, (ks, d))
+        torch.cuda.synchronize()
+        print(f"lanes {v}: gate+up, down", flush=True)
 
 
 def sgl_fp8_gate_up(x, ids, e, n, k) -> None:

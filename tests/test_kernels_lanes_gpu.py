@@ -38,3 +38,35 @@ def test_lanes_moe_matches_reference(E, H, I, T, k, group):
     got = lanes.fused_moe_lanes(x, lm, tw, ids, routed_scaling_factor=2.5)
     want = reference.fused_moe_w4a16(x, pp, tw, ids, routed_scaling_factor=2.5)
     assert _rel(got, want) < 1.5e-2
+
+
+def _weights(e, n, k, group, gen):
+    nib = torch.randint(0, 16, (e, n, k), generator=gen, device=DEV)
+    s = (torch.rand(e, n, k // group, generator=gen, device=DEV) * 0.05 + 1e-3).to(torch.bfloat16)
+    return pack_checkpoint_nibbles(nib), s, (nib.double() - 8) * s.double().repeat_interleave(group, dim=2)
+
+
+@pytest.mark.parametrize("variant", lanes.VARIANTS)
+@pytest.mark.parametrize("group", [128, 64, 32])
+def test_every_split_and_depth_matches_float64(variant, group):
+    """Both stages, each (KSPLIT, DEPTH) instance: K of 5 and 3 blocks (not a multiple of either),
+    32 experts of which some get no pair and one gets 11 (two routed blocks), outputs poisoned."""
+    from kq.kernels.triton_ops import moe_align
+    gen = torch.Generator(device=DEV).manual_seed(group + 10 * variant[0] + variant[1])
+    E, H, I, T, k = 32, 640, 384, 11, 4
+    p13, s13, w13 = _weights(E, 2 * I, H, group, gen)
+    p2, s2, w2 = _weights(E, H, I, group, gen)
+    lm = lanes.lane_moe(p13, s13, p2, s2, group)
+    ids = torch.stack([torch.randperm(12, generator=gen, device=DEV)[:k] for _ in range(T)])
+    ids[:, 0] = 5                                        # expert 5 gets one pair per token: 11 > 8
+    ids = ids.to(torch.int32)
+    rt = moe_align(ids, E, 8)
+    x = (torch.randn(T, H, generator=gen, device=DEV) + 1.0).to(torch.bfloat16)
+    act = lanes.moe_gate_up(x, lm, rt, k, variant, out=torch.full((T * k, I), float("nan"), device=DEV, dtype=torch.bfloat16))
+    flat = ids.view(-1).long()
+    z = torch.einsum("ph,pnh->pn", x.double()[torch.arange(T * k, device=DEV) // k], w13[flat])
+    want = z[:, :I] / (1 + torch.exp(-z[:, :I])) * z[:, I:]
+    assert _rel(act, want) < 1e-2
+    a = torch.randn(T * k, I, generator=gen, device=DEV).to(torch.bfloat16)
+    y = lanes.moe_down(a, lm, rt, variant, out=torch.full((T * k, H), float("nan"), device=DEV, dtype=torch.bfloat16))
+    assert _rel(y, torch.einsum("pi,phi->ph", a.double(), w2[flat])) < 1e-2

@@ -1,9 +1,9 @@
-"""Experimental CUDA fused MoE for decode (branch cuda-decode-wip): kq/kernels/cuda/w4a16_moe_lanes.cu
-built with torch's extension loader on first use, the weights in the lane layout (lane_layout.py).
+"""CUDA fused MoE for decode on Hopper: kq/kernels/cuda/moe_lanes*.{cuh,cu,cpp} built with torch's
+extension loader on first use (sm_90a), the weights in the lane layout (lane_layout.py).
 
-Not validated on a GPU yet: tests/test_kernels_lanes_gpu.py checks it against the torch reference,
-`benchmarks/bench_kernels.py --lanes` times it beside the Triton kernel. Routing blocks hold at most
-8 pairs (the kernel's mma takes 8 activation rows)."""
+tests/test_kernels_lanes_gpu.py checks it against the torch reference, `benchmarks/bench_kernels.py
+--lanes` times it beside the Triton kernel. Routing blocks hold at most 8 pairs (the kernel's mma
+takes 8 activation rows)."""
 from __future__ import annotations
 
 import functools
@@ -14,33 +14,28 @@ import torch
 
 from .lane_layout import lane_pack
 
-_CU = Path(__file__).with_name("cuda") / "w4a16_moe_lanes.cu"
-_BINDING = r"""
-#include <torch/extension.h>
-#include <ATen/cuda/CUDAContext.h>
-extern "C" int kq_moe_lanes_launch(const void* a, const void* q, const void* s, void* out, const int* pairs,
-                                   const int* blk_expert, const int* blk_start, const int* blk_count, int n_blocks,
-                                   int lda, int ldo, int K, int kb_total, int groups, int n_tiles, int n_tiles_all,
-                                   int up_tiles, int a_row_div, int gated, int group, int nt, void* stream);
-int64_t launch(torch::Tensor a, torch::Tensor q, torch::Tensor s, torch::Tensor out, torch::Tensor pairs,
-               torch::Tensor be, torch::Tensor bs, torch::Tensor bc, int64_t K, int64_t n_tiles,
-               int64_t n_tiles_all, int64_t up_tiles, int64_t a_row_div, int64_t gated, int64_t group, int64_t nt) {
-  const int kb_total = q.size(2);
-  const int groups = s.size(3);   // scales [E, tiles, 8, G]
-  return kq_moe_lanes_launch(a.data_ptr(), q.data_ptr(), s.data_ptr(), out.data_ptr(), pairs.data_ptr<int>(),
-                             be.data_ptr<int>(), bs.data_ptr<int>(), bc.data_ptr<int>(), be.numel(),
-                             a.stride(0), out.stride(0), K, kb_total, groups, n_tiles, n_tiles_all, up_tiles,
-                             a_row_div, gated, group, nt, at::cuda::getCurrentCUDAStream().stream());
-}
-"""
+_SRC = Path(__file__).with_name("cuda")
+_SOURCES = ["moe_lanes_binding.cpp", "moe_lanes_launch.cu", "moe_lanes_g128.cu", "moe_lanes_g64.cu", "moe_lanes_g32.cu"]
+# (KSPLIT, DEPTH) pairs every group size's file builds (moe_lanes.cuh KQ_LANES_VARIANTS)
+VARIANTS = [(1, 2), (1, 3), (1, 4), (2, 3), (4, 2), (4, 3)]
+SMS_WARPS = 132 * 12        # an H200's resident warps at 3 CTAs of 4 warps per multiprocessor
 
 
 @functools.cache
 def _ext():
-    from torch.utils.cpp_extension import load_inline
-    return load_inline(name="kq_moe_lanes", cpp_sources=[_BINDING], cuda_sources=[_CU.read_text()],
-                       functions=["launch"], extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"],
-                       verbose=False)
+    from torch.utils.cpp_extension import load
+    return load(name="kq_moe_lanes", sources=[str(_SRC / f) for f in _SOURCES], extra_include_paths=[str(_SRC)],
+                extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"], verbose=False)
+
+
+def pick(pairs: int, experts: int, col_groups: int, kb: int) -> tuple[int, int]:
+    """(KSPLIT, DEPTH) for a stage, from host-side sizes only (no routing data: graph capture).
+    Split K until about two waves of warps are resident, keeping >= 4 blocks per warp."""
+    warps = min(pairs, experts) * col_groups
+    ks = 1
+    while ks < 4 and warps * ks < 2 * SMS_WARPS and kb // (2 * ks) >= 4:
+        ks *= 2
+    return ks, 3
 
 
 @dataclass(frozen=True)
@@ -68,25 +63,32 @@ def lane_moe(w13_packed, w13_scale, w2_packed, w2_scale, group: int) -> LaneMoE:
     return LaneMoE(q13, s13, q2, s2, num_experts=E, hidden=H, intermediate=I, group=group)
 
 
-def _run(a, q, s, out, routing, K, n_tiles, n_tiles_all, up_tiles, a_row_div, gated, group, nt):
+def _run(a, q, s, out, routing, K, n_tiles, n_tiles_all, up_tiles, a_row_div, gated, group, nt, variant, experts):
     pairs, be, bs, bc = routing
+    ks, depth = variant or pick(pairs.numel(), experts, -(-n_tiles // (2 * nt)), q.shape[2])
     rc = _ext().launch(a, q, s, out, pairs, be, bs, bc, K, n_tiles, n_tiles_all, up_tiles, a_row_div,
-                       int(gated), group, nt)
+                       int(gated), group, nt, ks, depth)
     if rc != 0:
         raise RuntimeError(f"kq_moe_lanes_launch failed ({rc})")
 
 
-def moe_gate_up(x, lm: LaneMoE, routing, top_k: int) -> torch.Tensor:
-    act = torch.empty(routing[0].numel(), lm.intermediate, dtype=x.dtype, device=x.device)
+def moe_gate_up(x, lm: LaneMoE, routing, top_k: int, variant: tuple[int, int] | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """act[p] = silu(x[p // k] W_gate^T) * (x[p // k] W_up^T); variant (KSPLIT, DEPTH) or picked."""
+    act = out if out is not None else torch.empty(routing[0].numel(), lm.intermediate, dtype=x.dtype, device=x.device)
     t = lm.intermediate // 8
-    _run(x, lm.w13_q, lm.w13_s, act, routing, lm.hidden, t, 2 * t, t, top_k, True, lm.group, 1)
+    _run(x, lm.w13_q, lm.w13_s, act, routing, lm.hidden, t, 2 * t, t, top_k, True, lm.group, 1, variant,
+         lm.num_experts)
     return act
 
 
-def moe_down(act, lm: LaneMoE, routing) -> torch.Tensor:
-    y = torch.empty(act.shape[0], lm.hidden, dtype=act.dtype, device=act.device)
+def moe_down(act, lm: LaneMoE, routing, variant: tuple[int, int] | None = None,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """y[p] = act[p] W_down^T."""
+    y = out if out is not None else torch.empty(act.shape[0], lm.hidden, dtype=act.dtype, device=act.device)
     t = lm.hidden // 8
-    _run(act, lm.w2_q, lm.w2_s, y, routing, lm.intermediate, t, t, 0, 1, False, lm.group, 2)
+    _run(act, lm.w2_q, lm.w2_s, y, routing, lm.intermediate, t, t, 0, 1, False, lm.group, 2, variant,
+         lm.num_experts)
     return y
 
 

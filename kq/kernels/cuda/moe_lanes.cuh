@@ -1,16 +1,18 @@
-// Experimental W4A16 fused-MoE stage for decode (branch cuda-decode-wip): not validated on a GPU yet.
+// W4A16 fused-MoE stage for decode on Hopper (sm_90a), CUDA. Instances per group size: moe_lanes_g*.cu.
 //
 // One kernel for both MoE stages: gate+up (GATED: silu(x W_gate^T) * (x W_up^T), bf16 out) and down.
 // Weights in the lane layout (kq/kernels/lane_layout.py): each lane loads the 16 bytes it needs for a
-// 128-input block with one global load straight into registers; no shared memory, no barrier, so the
-// warps of a CTA never wait for each other (the Triton kernel's stalls were mostly warps waiting on
-// one another and on short dependency chains, not on memory: benchmarks/results/kernels.md).
+// 128-input block with one global load straight into registers, DEPTH - 1 blocks ahead; no shared
+// memory and no barrier in the loop, so the warps of a CTA never wait for each other (the Triton
+// kernel's stalls were mostly warps waiting on one another and on short dependency chains, not on
+// memory: benchmarks/results/kernels.md).
 //
-// Per warp: NT n-tiles of 8 output columns (of gate and of up when GATED), all rows (<= 16 pairs)
-// of one routed block. mma.m16n8k16 bf16 -> fp32; the codes enter as 128 + nibble = q + 136 and
+// Per warp: NT pairs of n-tiles of 8 output columns (of gate and of up when GATED), all rows (<= 8
+// pairs) of one routed block, the whole K or a 1/KSPLIT share of it. mma.m16n8k16 bf16 -> fp32; the codes enter as 128 + nibble = q + 136 and
 // 136 * sum(x) comes off per group from one extra mma of x with a constant (shared by all tiles).
 // Activations come from global memory (L1/L2: every CTA of the block reads the same rows), 8 bytes
 // per lane and step: a lane's inputs of a step are 4 consecutive values (see lane_layout.py).
+#pragma once
 #include <cuda_bf16.h>
 #include <stdint.h>
 
@@ -117,28 +119,38 @@ __device__ __forceinline__ void block_mma(const int4 (&w)[NT][MATS][2], const ui
   }
 }
 
-// A block's words (one 16-byte load per column half, tile and matrix) and activations (one 8-byte
-// load per step and 8-row half: token g's inputs 16 step + 4t .. +3; zero past K unless EVEN_K).
+
+// One 128-input block's operands in registers: the weight words (one 16-byte load per column half,
+// tile and matrix), the scales of its groups (one 2-, 4- or 8-byte load per column) and the
+// activations (one 8-byte load per step and 8-row half). DEPTH of these form a ring, so DEPTH - 1
+// blocks are in flight while one is multiplied.
+template <int NT, int MATS>
+struct Stage {
+  int4 w[NT][MATS][2];
+  uint2 sc[NT][MATS][2];
+  uint2 x[2][8];
+};
+
+// token g's inputs 16 step + 4t .. +3 of block kb; zero past K unless EVEN_K
 template <int NT, int MATS, int GROUP, bool ROWS16, bool EVEN_K>
-__device__ __forceinline__ void block_load(int4 (&w)[NT][MATS][2], uint2 (&xb)[2][8], uint2 (&sc)[NT][MATS][2],
-                                           const int4* const (&qb)[NT][MATS][2],
+__device__ __forceinline__ void block_load(Stage<NT, MATS>& s, const int4* const (&qb)[NT][MATS][2],
                                            const __nv_bfloat16* const (&sb)[NT][MATS][2],
                                            const __nv_bfloat16* const (&xr)[2], const bool (&vr)[2], int kb, int K4) {
-  constexpr int GPB = 128 / GROUP;               // groups per block: one 2-, 4- or 8-byte scale load
+  constexpr int GPB = 128 / GROUP;               // groups per block
 #pragma unroll
   for (int i = 0; i < NT; ++i)
 #pragma unroll
     for (int m = 0; m < MATS; ++m)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        w[i][m][c] = __ldg(qb[i][m][c] + (size_t)kb * 32);
+        s.w[i][m][c] = __ldg(qb[i][m][c] + (size_t)kb * 32);
         const __nv_bfloat16* sp = sb[i][m][c] + kb * GPB;
         if (GPB == 4) {
-          sc[i][m][c] = __ldg(reinterpret_cast<const uint2*>(sp));
+          s.sc[i][m][c] = __ldg(reinterpret_cast<const uint2*>(sp));
         } else if (GPB == 2) {
-          sc[i][m][c] = make_uint2(__ldg(reinterpret_cast<const uint32_t*>(sp)), 0u);
+          s.sc[i][m][c] = make_uint2(__ldg(reinterpret_cast<const uint32_t*>(sp)), 0u);
         } else {
-          sc[i][m][c] = make_uint2(__ldg(reinterpret_cast<const unsigned short*>(sp)), 0u);
+          s.sc[i][m][c] = make_uint2(__ldg(reinterpret_cast<const unsigned short*>(sp)), 0u);
         }
       }
 #pragma unroll
@@ -147,65 +159,89 @@ __device__ __forceinline__ void block_load(int4 (&w)[NT][MATS][2], uint2 (&xb)[2
     for (int st = 0; st < 8; ++st) {
       const int k = kb * 128 + 16 * st;            // + 4t inside xr; K4 = K - 4t
       const bool ok = vr[r] && (EVEN_K || k < K4);
-      xb[r][st] = ok ? __ldg(reinterpret_cast<const uint2*>(xr[r] + k)) : make_uint2(0, 0);
+      s.x[r][st] = ok ? __ldg(reinterpret_cast<const uint2*>(xr[r] + k)) : make_uint2(0, 0);
     }
   }
 }
 
-template <int NT, bool GATED, int GROUP, int WARPS, bool ROWS16, bool EVEN_K>
-__device__ __forceinline__ void moe_lanes_body(const Params& p, int e, int start, int count) {
+// Launch shape: CTAs of WARPS warps; KSPLIT consecutive warps share NT column pairs and split the
+// 128-input blocks between them (summed through shared memory at the end: the CTA's one barrier),
+// so a layer with few routed blocks or few columns (1 token; Kimi's TP-8 slice) still fills the GPU.
+template <int NT, bool GATED, int GROUP, int WARPS, int KSPLIT, int DEPTH, bool EVEN_K>
+__global__ void __launch_bounds__(32 * WARPS) moe_lanes_kernel(Params p) {
   constexpr int MATS = GATED ? 2 : 1;
-  constexpr int RB = ROWS16 ? 2 : 1;
+  constexpr int RB = 1;                           // 8-row routed blocks (moe_align block_m 8)
+  constexpr int ACC = NT * MATS * 2 * 4;          // accumulators per lane
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int pair0 = (blockIdx.x * WARPS + warp) * NT;   // 16-column tiles = pairs of 8-column n-tiles
+  const int e = p.blk_expert[blockIdx.y];
+  if (e < 0) return;                              // a block the routing did not use (uniform per CTA)
+  const int start = p.blk_start[blockIdx.y], count = p.blk_count[blockIdx.y];
+  const int cgroup = blockIdx.x * (WARPS / KSPLIT) + warp / KSPLIT;
+  const int kpart = warp % KSPLIT;
+  const int pair0 = cgroup * NT;                  // 16-column tiles = pairs of 8-column n-tiles
+  const bool active = 2 * pair0 < p.n_tiles;      // warps past the last column still meet the barrier
+  if (KSPLIT == 1 && !active) return;
 
-  // B: token g (and g + 8 with ROWS16) of the routed block
   bool vr[2];
   const __nv_bfloat16* xr[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = g + 8 * r;
-    vr[r] = row < count;
+    vr[r] = r < RB && row < count;
     const int o = vr[r] ? p.pairs[start + row] : 0;
     xr[r] = p.a + (size_t)(o / p.a_row_div) * p.lda + 4 * t;
   }
-  const int* rows_out = p.pairs + start;
-
   const int4* qb[NT][MATS][2];
   const __nv_bfloat16* sb[NT][MATS][2];
 #pragma unroll
-  for (int i = 0; i < NT; ++i) {
+  for (int i = 0; i < NT; ++i)
 #pragma unroll
-    for (int m = 0; m < MATS; ++m) {
+    for (int m = 0; m < MATS; ++m)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int tile = min(2 * (pair0 + i) + c, p.n_tiles - 1) + m * p.up_tiles;   // past the end: repeat
         const size_t et = (size_t)e * p.n_tiles_all + tile;
-        qb[i][m][c] = p.q + et * p.kb_total * 32 + lane;       // lane 4g + t: column g of this n-tile, chunk t
-        sb[i][m][c] = p.s + (et * 8 + g) * p.groups;           // column g's groups, contiguous
+        qb[i][m][c] = p.q + et * p.kb_total * 32 + lane;   // lane 4g + t: column g of this n-tile, chunk t
+        sb[i][m][c] = p.s + (et * 8 + g) * p.groups;       // column g's groups, contiguous
       }
-    }
-  }
+
   float acc[NT][MATS][2][4] = {};
   float part[NT][MATS][2][4] = {};
   float xoff[2][4] = {};
   const int K4 = p.K - 4 * t;
-  // two register sets, ping-pong: the next block's loads are in flight while this one is multiplied
-  int4 wa[NT][MATS][2], wb[NT][MATS][2];
-  uint2 xa[2][8], xbb[2][8], sa[NT][MATS][2], sbb[NT][MATS][2];
-  block_load<NT, MATS, GROUP, ROWS16, EVEN_K>(wa, xa, sa, qb, sb, xr, vr, 0, K4);
-  for (int kb = 0; kb < p.kb_total; kb += 2) {
-    const bool more = kb + 1 < p.kb_total;
-    if (more) block_load<NT, MATS, GROUP, ROWS16, EVEN_K>(wb, xbb, sbb, qb, sb, xr, vr, kb + 1, K4);
-    block_mma<NT, MATS, GROUP, ROWS16>(wa, xa, sa, part, acc, xoff);
-    if (!more) break;
-    if (kb + 2 < p.kb_total) block_load<NT, MATS, GROUP, ROWS16, EVEN_K>(wa, xa, sa, qb, sb, xr, vr, kb + 2, K4);
-    block_mma<NT, MATS, GROUP, ROWS16>(wb, xbb, sbb, part, acc, xoff);
+  const int per = (p.kb_total + KSPLIT - 1) / KSPLIT;
+  const int kb0 = kpart * per;
+  const int kb1 = active ? min(p.kb_total, kb0 + per) : kb0;
+  Stage<NT, MATS> st[DEPTH];
+#pragma unroll
+  for (int d = 0; d < DEPTH - 1; ++d)
+    if (kb0 + d < kb1) block_load<NT, MATS, GROUP, false, EVEN_K>(st[d], qb, sb, xr, vr, kb0 + d, K4);
+  for (int kb = kb0; kb < kb1; kb += DEPTH) {
+#pragma unroll
+    for (int d = 0; d < DEPTH; ++d) {
+      if (kb + d + DEPTH - 1 < kb1)
+        block_load<NT, MATS, GROUP, false, EVEN_K>(st[(d + DEPTH - 1) % DEPTH], qb, sb, xr, vr, kb + d + DEPTH - 1, K4);
+      if (kb + d < kb1) block_mma<NT, MATS, GROUP, false>(st[d].w, st[d].x, st[d].sc, part, acc, xoff);
+    }
+  }
+
+  if constexpr (KSPLIT > 1) {   // sum the K parts: lane-major so the stores and loads are conflict-free
+    __shared__ float red[WARPS][ACC][32];
+    float* a = &acc[0][0][0][0];
+#pragma unroll
+    for (int j = 0; j < ACC; ++j) red[warp][j][lane] = a[j];
+    __syncthreads();
+    if (kpart != 0 || !active) return;
+#pragma unroll
+    for (int q = 1; q < KSPLIT; ++q)
+#pragma unroll
+      for (int j = 0; j < ACC; ++j) a[j] += red[warp + q][j][lane];
   }
 
   // C fragment [16 columns x 8 rows]: c0, c1 = column g, rows 2t, 2t+1; c2, c3 = column g + 8
+  const int* rows_out = p.pairs + start;
 #pragma unroll
   for (int i = 0; i < NT; ++i) {
 #pragma unroll
@@ -214,60 +250,48 @@ __device__ __forceinline__ void moe_lanes_body(const Params& p, int e, int start
       if (tile >= p.n_tiles) continue;
       const int col = tile * 8 + g;
 #pragma unroll
-      for (int r = 0; r < RB; ++r) {
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int row = 8 * r + 2 * t + j;
-          if (row >= count) continue;
-          float y = acc[i][0][r][2 * c + j];
-          if (GATED) {
-            const float up = acc[i][MATS - 1][r][2 * c + j];
-            y = y / (1.f + __expf(-y)) * up;
-          }
-          p.out[(size_t)rows_out[row] * p.ldo + col] = __float2bfloat16_rn(y);
+      for (int j = 0; j < 2; ++j) {
+        const int row = 2 * t + j;
+        if (row >= count) continue;
+        float y = acc[i][0][0][2 * c + j];
+        if (GATED) {
+          const float up = acc[i][MATS - 1][0][2 * c + j];
+          y = y / (1.f + __expf(-y)) * up;
         }
+        p.out[(size_t)rows_out[row] * p.ldo + col] = __float2bfloat16_rn(y);
       }
     }
   }
 }
 
-// grid: (ceil(n_tiles / (2 NT WARPS)), routed blocks of <= 8 pairs: moe_align with block_m 8);
-// n_tiles (8-column tiles per matrix) must be even
-template <int NT, bool GATED, int GROUP, int WARPS, bool EVEN_K>
-__global__ void __launch_bounds__(32 * WARPS) moe_lanes_kernel(Params p) {
-  const int warp = threadIdx.x >> 5;
-  if (2 * (blockIdx.x * WARPS + warp) * NT >= p.n_tiles) return;   // warps are independent: no barrier
-  const int e = p.blk_expert[blockIdx.y];
-  if (e < 0) return;                                               // a block the routing did not use
-  moe_lanes_body<NT, GATED, GROUP, WARPS, false, EVEN_K>(p, e, p.blk_start[blockIdx.y], p.blk_count[blockIdx.y]);
-}
-
 }  // namespace kq_lanes
 
-// Host entry: grid (ceil(n_tiles / (2 NT WARPS)), routed blocks); returns cudaGetLastError(), or -1 when
-// no instance matches (NT 1 or 2, group 32/64/128) or n_tiles is odd.
-extern "C" int kq_moe_lanes_launch(const void* a, const void* q, const void* s, void* out, const int* pairs,
-                                   const int* blk_expert, const int* blk_start, const int* blk_count, int n_blocks,
-                                   int lda, int ldo, int K, int kb_total, int groups, int n_tiles, int n_tiles_all,
-                                   int up_tiles, int a_row_div, int gated, int group, int nt, void* stream) {
-  using namespace kq_lanes;
-  Params p{static_cast<const __nv_bfloat16*>(a), static_cast<const int4*>(q), static_cast<const __nv_bfloat16*>(s),
-           static_cast<__nv_bfloat16*>(out), pairs, blk_expert, blk_start, blk_count,
-           lda, ldo, K, kb_total, groups, n_tiles, n_tiles_all, up_tiles, a_row_div};
-  constexpr int WARPS = 4;
-  if (n_tiles % 2) return -1;
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-  const dim3 block(32 * WARPS);
-#define KQ_LAUNCH(NT_, GATED_, GROUP_)                                                                 \
-  if (nt == NT_ && (gated != 0) == GATED_ && group == GROUP_) {                                        \
-    const dim3 grid((n_tiles + 2 * NT_ * WARPS - 1) / (2 * NT_ * WARPS), n_blocks);                   \
-    if (K % 128 == 0) moe_lanes_kernel<NT_, GATED_, GROUP_, WARPS, true><<<grid, block, 0, st>>>(p);   \
-    else moe_lanes_kernel<NT_, GATED_, GROUP_, WARPS, false><<<grid, block, 0, st>>>(p);               \
-    return static_cast<int>(cudaGetLastError());                                                       \
+// The host side of one group size's instances (moe_lanes_g*.cu): grid (ceil(n_tiles / (2 NT WARPS /
+// KSPLIT)), routed blocks). Returns cudaGetLastError(), or -1 when no instance matches.
+#define KQ_LANES_TRY(NT_, GATED_, GROUP_, KSPLIT_, DEPTH_)                                               \
+  if (nt == NT_ && (gated != 0) == GATED_ && ksplit == KSPLIT_ && depth == DEPTH_) {                     \
+    constexpr int CG = kq_lanes_warps / KSPLIT_;                                                         \
+    const dim3 grid((n_tiles + 2 * NT_ * CG - 1) / (2 * NT_ * CG), n_blocks);                            \
+    if (K % 128 == 0)                                                                                    \
+      kq_lanes::moe_lanes_kernel<NT_, GATED_, GROUP_, kq_lanes_warps, KSPLIT_, DEPTH_, true>             \
+          <<<grid, dim3(32 * kq_lanes_warps), 0, stream>>>(p);                                           \
+    else                                                                                                 \
+      kq_lanes::moe_lanes_kernel<NT_, GATED_, GROUP_, kq_lanes_warps, KSPLIT_, DEPTH_, false>            \
+          <<<grid, dim3(32 * kq_lanes_warps), 0, stream>>>(p);                                           \
+    return static_cast<int>(cudaGetLastError());                                                         \
   }
-  KQ_LAUNCH(1, true, 128) KQ_LAUNCH(1, true, 64) KQ_LAUNCH(1, true, 32)
-  KQ_LAUNCH(2, false, 128) KQ_LAUNCH(2, false, 64) KQ_LAUNCH(2, false, 32)
-  KQ_LAUNCH(1, false, 128) KQ_LAUNCH(1, false, 64) KQ_LAUNCH(1, false, 32)
-#undef KQ_LAUNCH
-  return -1;   // no instance for these parameters
-}
+constexpr int kq_lanes_warps = 4;
+
+// every (NT, GATED, KSPLIT, DEPTH) a group size's file builds; the host picks one (cuda_lanes.py)
+#define KQ_LANES_VARIANTS(G)                                                                                    \
+  KQ_LANES_TRY(1, true, G, 1, 2) KQ_LANES_TRY(1, true, G, 1, 3) KQ_LANES_TRY(1, true, G, 1, 4)                  \
+  KQ_LANES_TRY(1, true, G, 2, 3) KQ_LANES_TRY(1, true, G, 4, 2) KQ_LANES_TRY(1, true, G, 4, 3)                  \
+  KQ_LANES_TRY(2, false, G, 1, 2) KQ_LANES_TRY(2, false, G, 1, 3) KQ_LANES_TRY(2, false, G, 1, 4)               \
+  KQ_LANES_TRY(2, false, G, 2, 3) KQ_LANES_TRY(2, false, G, 4, 2) KQ_LANES_TRY(2, false, G, 4, 3)
+
+#define KQ_LANES_ENTRY(G)                                                                                       \
+  int kq_moe_lanes_g##G(const kq_lanes::Params& p, int n_blocks, int K, int n_tiles, int gated, int nt,         \
+                        int ksplit, int depth, cudaStream_t stream) {                                           \
+    KQ_LANES_VARIANTS(G)                                                                                        \
+    return -1;                                                                                                  \
+  }
