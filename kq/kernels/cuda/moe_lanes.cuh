@@ -26,7 +26,7 @@ __device__ __forceinline__ uint32_t pair_bf16(uint32_t w) {
 }
 
 __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -52,6 +52,7 @@ struct Params {
   const int* blk_start;
   const int* blk_count;
   int lda, ldo, K, kb_total, groups, n_tiles, n_tiles_all, up_tiles, a_row_div;
+  int l2_ahead;                // blocks of each weight stream asked into L2 ahead of their load (0: none)
 };
 
 constexpr uint32_t NEG136 = 0xC308C308u;   // bf16x2 (-136, -136)
@@ -168,7 +169,7 @@ __device__ __forceinline__ void block_load(Stage<NT, MATS>& s, const int4* const
 // 128-input blocks between them (summed through shared memory at the end: the CTA's one barrier),
 // so a layer with few routed blocks or few columns (1 token; Kimi's TP-8 slice) still fills the GPU.
 template <int NT, bool GATED, int GROUP, int WARPS, int KSPLIT, int DEPTH, bool EVEN_K>
-__global__ void __launch_bounds__(32 * WARPS) moe_lanes_kernel(Params p) {
+__global__ void __launch_bounds__(32 * WARPS, DEPTH == 2 && GROUP == 128 ? 4 : 1) moe_lanes_kernel(Params p) {
   constexpr int MATS = GATED ? 2 : 1;
   constexpr int RB = 1;                           // 8-row routed blocks (moe_align block_m 8)
   constexpr int ACC = NT * MATS * 2 * 4;          // accumulators per lane
@@ -214,6 +215,19 @@ __global__ void __launch_bounds__(32 * WARPS) moe_lanes_kernel(Params p) {
   const int per = (p.kb_total + KSPLIT - 1) / KSPLIT;
   const int kb0 = kpart * per;
   const int kb1 = active ? min(p.kb_total, kb0 + per) : kb0;
+  // L2 prefetch: lane s < NT*MATS*2 owns weight stream s (one column half of one tile and matrix, 512
+  // contiguous bytes per block); registers hold only DEPTH - 1 blocks in flight, the L2 holds more.
+  constexpr int STREAMS = NT * MATS * 2;
+  const char* pf = nullptr;
+  if (lane < STREAMS && p.l2_ahead > 0) {        // the stream's (i, m, c) as in qb, from the lane number
+    const int c = lane & 1, m = (lane >> 1) % MATS, i = lane / (2 * MATS);
+    const int tile = min(2 * (pair0 + i) + c, p.n_tiles - 1) + m * p.up_tiles;
+    pf = reinterpret_cast<const char*>(p.q + ((size_t)e * p.n_tiles_all + tile) * p.kb_total * 32);
+  }
+  if (pf != nullptr && kb0 < kb1) {
+    const int n = min(p.l2_ahead, kb1 - kb0);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pf + (size_t)kb0 * 512), "r"(n * 512));
+  }
   Stage<NT, MATS> st[DEPTH];
 #pragma unroll
   for (int d = 0; d < DEPTH - 1; ++d)
@@ -223,6 +237,8 @@ __global__ void __launch_bounds__(32 * WARPS) moe_lanes_kernel(Params p) {
     for (int d = 0; d < DEPTH; ++d) {
       if (kb + d + DEPTH - 1 < kb1)
         block_load<NT, MATS, GROUP, false, EVEN_K>(st[(d + DEPTH - 1) % DEPTH], qb, sb, xr, vr, kb + d + DEPTH - 1, K4);
+      if (pf != nullptr && kb + d + p.l2_ahead < kb1)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], 512;" ::"l"(pf + (size_t)(kb + d + p.l2_ahead) * 512));
       if (kb + d < kb1) block_mma<NT, MATS, GROUP, false>(st[d].w, st[d].x, st[d].sc, part, acc, xoff);
     }
   }
@@ -284,10 +300,9 @@ constexpr int kq_lanes_warps = 4;
 
 // every (NT, GATED, KSPLIT, DEPTH) a group size's file builds; the host picks one (cuda_lanes.py)
 #define KQ_LANES_VARIANTS(G)                                                                                    \
-  KQ_LANES_TRY(1, true, G, 1, 2) KQ_LANES_TRY(1, true, G, 1, 3) KQ_LANES_TRY(1, true, G, 1, 4)                  \
-  KQ_LANES_TRY(1, true, G, 2, 3) KQ_LANES_TRY(1, true, G, 4, 2) KQ_LANES_TRY(1, true, G, 4, 3)                  \
-  KQ_LANES_TRY(2, false, G, 1, 2) KQ_LANES_TRY(2, false, G, 1, 3) KQ_LANES_TRY(2, false, G, 1, 4)               \
-  KQ_LANES_TRY(2, false, G, 2, 3) KQ_LANES_TRY(2, false, G, 4, 2) KQ_LANES_TRY(2, false, G, 4, 3)
+  KQ_LANES_TRY(1, true, G, 1, 2) KQ_LANES_TRY(1, true, G, 1, 3) KQ_LANES_TRY(1, true, G, 2, 2)                  \
+  KQ_LANES_TRY(1, true, G, 4, 2) KQ_LANES_TRY(2, false, G, 1, 2) KQ_LANES_TRY(2, false, G, 1, 3)                \
+  KQ_LANES_TRY(2, false, G, 2, 2) KQ_LANES_TRY(2, false, G, 4, 2)
 
 #define KQ_LANES_ENTRY(G)                                                                                       \
   int kq_moe_lanes_g##G(const kq_lanes::Params& p, int n_blocks, int K, int n_tiles, int gated, int nt,         \
