@@ -278,7 +278,7 @@ LANES: list[bool] = []      # --lanes: also time the experimental CUDA decode Mo
 
 def lanes_case(base, e, h, i, m, topk, group, tis, tw, a, touched):
     """The CUDA lane-layout kernel on random checkpoint-format weights: gate+up and down alone for every
-    (KSPLIT, DEPTH) instance (routing outside the timing, blocks of 8 pairs), then the whole MoE with
+    (KSPLIT, STAGES) instance (routing outside the timing, blocks of 8 pairs), then the whole MoE with
     the picked instances."""
     from kq.kernels import cuda_lanes
     try:
@@ -290,10 +290,10 @@ def lanes_case(base, e, h, i, m, topk, group, tis, tw, a, touched):
         pick2 = cuda_lanes.pick(m * topk, e, h // 32, -(-i // 128))
         for v in cuda_lanes.VARIANTS:
             us = graph_us([lambda rt=rt: cuda_lanes.moe_gate_up(a, lm, rt, topk, v) for rt in rts])
-            log({**base, "kind": f"lanes_g{group}_k{v[0]}d{v[1]}p{v[2]}", "us": round(us, 2),
+            log({**base, "kind": f"lanes_g{group}_k{v[0]}s{v[1]}", "us": round(us, 2),
                  "GBps": round(touched * 2 * i * h * bpw / us / 1e3, 1), "picked": v == pick1})
             us = graph_us([lambda rt=rt: cuda_lanes.moe_down(act, lm, rt, v) for rt in rts])
-            log({**base, "kind": f"lanes_down_g{group}_k{v[0]}d{v[1]}p{v[2]}", "us": round(us, 2),
+            log({**base, "kind": f"lanes_down_g{group}_k{v[0]}s{v[1]}", "us": round(us, 2),
                  "GBps": round(touched * i * h * bpw / us / 1e3, 1), "picked": v == pick2})
         us = graph_us([lambda t=t: cuda_lanes.fused_moe_lanes(a, lm, tw, t) for t in tis])
         log({**base, "kind": f"lanes_full_g{group}", "us": round(us, 2),

@@ -34,7 +34,7 @@ def main() -> None:
                     help="then SGLang's FP8 block-128 MoE kernel (gate+up, its best tile BM16 BN64 BK128, "
                          "3 stages) on the same routing: profile with -k regex:fused_moe_kernel")
     ap.add_argument("--lanes", default="", help="then the CUDA lane kernel's gate+up and down for these "
-                    "KSPLITxDEPTHxL2_AHEAD variants, e.g. 1x2x0,1x2x8 (profile with -k regex:moe_lanes_kernel)")
+                    "KSPLITxSTAGES variants, e.g. 1x4,1x6 (profile with -k regex:moe_lanes_kernel)")
     args = ap.parse_args()
     e, h, i = MOE_SHAPES[args.case]
     torch.manual_seed(0)
@@ -58,7 +58,7 @@ def main() -> None:
 
 
 def lanes_steps(x, ids, e, h, i, group, variants) -> None:
-    """The CUDA lane kernel's two stages for each KSPLITxDEPTHxL2_AHEAD variant, twice (the first builds)."""
+    """The CUDA lane kernel's two stages for each KSPLITxSTAGES variant, twice (the first builds)."""
     from kq.kernels import cuda_lanes
     lm = random_lane_moe(e, h, i, group)
     rt = kops.moe_align(ids, e, 8)

@@ -16,10 +16,8 @@ from .lane_layout import lane_pack
 
 _SRC = Path(__file__).with_name("cuda")
 _SOURCES = ["moe_lanes_binding.cpp", "moe_lanes_launch.cu", "moe_lanes_g128.cu", "moe_lanes_g64.cu", "moe_lanes_g32.cu"]
-# (KSPLIT, DEPTH) pairs every group size's file builds (moe_lanes.cuh KQ_LANES_VARIANTS); a variant adds
-# L2_AHEAD, how many blocks of each weight stream are asked into L2 ahead of their load (a runtime value)
-BUILT = [(1, 2), (1, 3), (2, 2), (4, 2)]
-VARIANTS = [(ks, d, l2) for ks, d in BUILT for l2 in (0, 4, 8, 16)]
+# (KSPLIT, STAGES) pairs every group size's file builds (moe_lanes.cuh KQ_LANES_VARIANTS)
+VARIANTS = [(1, 4), (1, 6), (1, 8), (4, 4)]
 SMS_WARPS = 132 * 12        # an H200's resident warps at 3 CTAs of 4 warps per multiprocessor
 
 
@@ -30,14 +28,13 @@ def _ext():
                 extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"], verbose=False)
 
 
-def pick(pairs: int, experts: int, col_groups: int, kb: int) -> tuple[int, int, int]:
-    """(KSPLIT, DEPTH, L2_AHEAD) for a stage, from host-side sizes only (no routing data: graph capture).
-    Split K until about two waves of warps are resident, keeping >= 4 blocks per warp."""
+def pick(pairs: int, experts: int, col_groups: int, kb: int) -> tuple[int, int]:
+    """(KSPLIT, STAGES) for a stage, from host-side sizes only (no routing data: graph capture):
+    split K 4 ways when fewer than two waves of warps would be resident and each keeps >= 4 blocks."""
     warps = min(pairs, experts) * col_groups
-    ks = 1
-    while ks < 4 and warps * ks < 2 * SMS_WARPS and kb // (2 * ks) >= 4:
-        ks *= 2
-    return ks, 2, 8
+    if warps < 2 * SMS_WARPS and kb >= 16:
+        return 4, 4
+    return 1, 6
 
 
 @dataclass(frozen=True)
@@ -67,16 +64,16 @@ def lane_moe(w13_packed, w13_scale, w2_packed, w2_scale, group: int) -> LaneMoE:
 
 def _run(a, q, s, out, routing, K, n_tiles, n_tiles_all, up_tiles, a_row_div, gated, group, nt, variant, experts):
     pairs, be, bs, bc = routing
-    ks, depth, l2 = variant or pick(pairs.numel(), experts, -(-n_tiles // (2 * nt)), q.shape[2])
+    ks, stages = variant or pick(pairs.numel(), experts, -(-n_tiles // (2 * nt)), q.shape[2])
     rc = _ext().launch(a, q, s, out, pairs, be, bs, bc, K, n_tiles, n_tiles_all, up_tiles, a_row_div,
-                       int(gated), group, nt, ks, depth, l2)
+                       int(gated), group, nt, ks, stages)
     if rc != 0:
         raise RuntimeError(f"kq_moe_lanes_launch failed ({rc})")
 
 
-def moe_gate_up(x, lm: LaneMoE, routing, top_k: int, variant: tuple[int, int, int] | None = None,
+def moe_gate_up(x, lm: LaneMoE, routing, top_k: int, variant: tuple[int, int] | None = None,
                 out: torch.Tensor | None = None) -> torch.Tensor:
-    """act[p] = silu(x[p // k] W_gate^T) * (x[p // k] W_up^T); variant (KSPLIT, DEPTH, L2_AHEAD) or picked."""
+    """act[p] = silu(x[p // k] W_gate^T) * (x[p // k] W_up^T); variant (KSPLIT, STAGES) or picked."""
     act = out if out is not None else torch.empty(routing[0].numel(), lm.intermediate, dtype=x.dtype, device=x.device)
     t = lm.intermediate // 8
     _run(x, lm.w13_q, lm.w13_s, act, routing, lm.hidden, t, 2 * t, t, top_k, True, lm.group, 1, variant,
@@ -84,7 +81,7 @@ def moe_gate_up(x, lm: LaneMoE, routing, top_k: int, variant: tuple[int, int, in
     return act
 
 
-def moe_down(act, lm: LaneMoE, routing, variant: tuple[int, int, int] | None = None,
+def moe_down(act, lm: LaneMoE, routing, variant: tuple[int, int] | None = None,
              out: torch.Tensor | None = None) -> torch.Tensor:
     """y[p] = act[p] W_down^T."""
     y = out if out is not None else torch.empty(act.shape[0], lm.hidden, dtype=act.dtype, device=act.device)

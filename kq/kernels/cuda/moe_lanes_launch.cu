@@ -10,18 +10,18 @@ int kq_moe_lanes_g32(const kq_lanes::Params&, int, int, int, int, int, int, int,
 int kq_moe_lanes_launch(const void* a, const void* q, const void* s, void* out, const int* pairs,
                         const int* blk_expert, const int* blk_start, const int* blk_count, int n_blocks,
                         int lda, int ldo, int K, int kb_total, int groups, int n_tiles, int n_tiles_all,
-                        int up_tiles, int a_row_div, int gated, int group, int nt, int ksplit, int depth, int l2_ahead,
+                        int up_tiles, int a_row_div, int gated, int group, int nt, int ksplit, int stages,
                         void* stream) {
   const kq_lanes::Params p{static_cast<const __nv_bfloat16*>(a), static_cast<const int4*>(q),
                            static_cast<const __nv_bfloat16*>(s), static_cast<__nv_bfloat16*>(out), pairs,
                            blk_expert, blk_start, blk_count, lda, ldo, K, kb_total, groups, n_tiles,
-                           n_tiles_all, up_tiles, a_row_div, l2_ahead};
+                           n_tiles_all, up_tiles, a_row_div};
   if (n_tiles % 2) return -1;
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   switch (group) {
-    case 128: return kq_moe_lanes_g128(p, n_blocks, K, n_tiles, gated, nt, ksplit, depth, st);
-    case 64: return kq_moe_lanes_g64(p, n_blocks, K, n_tiles, gated, nt, ksplit, depth, st);
-    case 32: return kq_moe_lanes_g32(p, n_blocks, K, n_tiles, gated, nt, ksplit, depth, st);
+    case 128: return kq_moe_lanes_g128(p, n_blocks, K, n_tiles, gated, nt, ksplit, stages, st);
+    case 64: return kq_moe_lanes_g64(p, n_blocks, K, n_tiles, gated, nt, ksplit, stages, st);
+    case 32: return kq_moe_lanes_g32(p, n_blocks, K, n_tiles, gated, nt, ksplit, stages, st);
     default: return -1;
   }
 }
