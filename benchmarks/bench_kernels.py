@@ -278,7 +278,7 @@ LANES: list[bool] = []      # --lanes: also time the experimental CUDA decode Mo
 
 def lanes_case(base, e, h, i, m, topk, group, tis, tw, a, touched):
     """The CUDA lane-layout kernel on random checkpoint-format weights: gate+up and down alone for every
-    (KSPLIT, STAGES) instance (routing outside the timing, blocks of 8 pairs), then the whole MoE with
+    (NT, KSPLIT, STAGES, FOLD) instance (routing outside the timing, blocks of 8 pairs), then the whole MoE with
     the picked instances."""
     from kq.kernels import cuda_lanes
     try:
@@ -286,14 +286,16 @@ def lanes_case(base, e, h, i, m, topk, group, tis, tw, a, touched):
         bpw = 0.5 + 2 / group
         rts = [kops.moe_align(t, e, 8) for t in tis]
         act = torch.randn(m * topk, i, device=DEV, dtype=torch.bfloat16)
-        pick1 = cuda_lanes.pick(m * topk, e, i // 16, -(-h // 128))
-        pick2 = cuda_lanes.pick(m * topk, e, h // 32, -(-i // 128))
-        for v in cuda_lanes.VARIANTS:
+        pick1 = cuda_lanes.pick(m * topk, e, i // 8, -(-h // 128), True)
+        pick2 = cuda_lanes.pick(m * topk, e, h // 8, -(-i // 128), False)
+        name = lambda v: f"n{v[0]}k{v[1]}s{v[2]}{'' if v[3] else 'nf'}"   # noqa: E731
+        for v in cuda_lanes.GATE_UP_VARIANTS:
             us = graph_us([lambda rt=rt: cuda_lanes.moe_gate_up(a, lm, rt, topk, v) for rt in rts])
-            log({**base, "kind": f"lanes_g{group}_k{v[0]}s{v[1]}", "us": round(us, 2),
+            log({**base, "kind": f"lanes_g{group}_{name(v)}", "us": round(us, 2),
                  "GBps": round(touched * 2 * i * h * bpw / us / 1e3, 1), "picked": v == pick1})
+        for v in cuda_lanes.DOWN_VARIANTS:
             us = graph_us([lambda rt=rt: cuda_lanes.moe_down(act, lm, rt, v) for rt in rts])
-            log({**base, "kind": f"lanes_down_g{group}_k{v[0]}s{v[1]}", "us": round(us, 2),
+            log({**base, "kind": f"lanes_down_g{group}_{name(v)}", "us": round(us, 2),
                  "GBps": round(touched * i * h * bpw / us / 1e3, 1), "picked": v == pick2})
         us = graph_us([lambda t=t: cuda_lanes.fused_moe_lanes(a, lm, tw, t) for t in tis])
         log({**base, "kind": f"lanes_full_g{group}", "us": round(us, 2),

@@ -23,7 +23,7 @@ which nvcc; nvcc --version | tail -2
     PYTHONPATH=/tmp/site-n:$PWD/.gpu/stubs:$PWD timeout 200 ncu --clock-control none \
       -k regex:"w4a16_gemm_kernel|fused_moe_kernel|moe_lanes_kernel" --section SpeedOfLight --section Occupancy \
       --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --print-details all \
-      python3 benchmarks/ncu_moe.py --variants base --lanes "${NCU_LANES:-1x4,1x6,1x8}" --sgl-fp8 > "$R/ncu.log" 2>&1
+      python3 benchmarks/ncu_moe.py --variants base --lanes "${NCU_LANES:-1x4}" --sgl-fp8 > "$R/ncu.log" 2>&1
     echo "ncu rc $?"
   fi
   if [ -n "$SANITIZE" ]; then

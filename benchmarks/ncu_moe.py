@@ -63,10 +63,10 @@ def lanes_steps(x, ids, e, h, i, group, variants) -> None:
     lm = random_lane_moe(e, h, i, group)
     rt = kops.moe_align(ids, e, 8)
     for v in variants.split(","):
-        var = tuple(int(n) for n in v.split("x"))
+        ks, st = (int(n) for n in v.split("x"))
         for _ in range(2):
-            act = cuda_lanes.moe_gate_up(x, lm, rt, 8, var)
-            cuda_lanes.moe_down(act, lm, rt, var)
+            act = cuda_lanes.moe_gate_up(x, lm, rt, 8, (1, ks, st, True))
+            cuda_lanes.moe_down(act, lm, rt, (2, ks, st, True))
         torch.cuda.synchronize()
         print(f"lanes {v}: gate+up, down", flush=True)
 

@@ -46,13 +46,13 @@ def _weights(e, n, k, group, gen):
     return pack_checkpoint_nibbles(nib), s, (nib.double() - 8) * s.double().repeat_interleave(group, dim=2)
 
 
-@pytest.mark.parametrize("variant", lanes.VARIANTS)
+@pytest.mark.parametrize("variants", list(zip(lanes.GATE_UP_VARIANTS, lanes.DOWN_VARIANTS)))
 @pytest.mark.parametrize("group", [128, 64, 32])
-def test_every_split_and_stage_count_matches_float64(variant, group):
-    """Both stages, each (KSPLIT, STAGES) instance: K of 5 and 3 blocks (not a multiple of either),
+def test_every_instance_matches_float64(variants, group):
+    """Both stages, each (NT, KSPLIT, STAGES, FOLD) instance: K of 5 and 3 blocks (not a multiple of either),
     32 experts of which some get no pair and one gets 11 (two routed blocks), outputs poisoned."""
     from kq.kernels.triton_ops import moe_align
-    gen = torch.Generator(device=DEV).manual_seed(group + 10 * variant[0] + variant[1])
+    gen = torch.Generator(device=DEV).manual_seed(group + sum(map(int, variants[0] + variants[1])))
     E, H, I, T, k = 32, 640, 384, 11, 4
     p13, s13, w13 = _weights(E, 2 * I, H, group, gen)
     p2, s2, w2 = _weights(E, H, I, group, gen)
@@ -62,11 +62,11 @@ def test_every_split_and_stage_count_matches_float64(variant, group):
     ids = ids.to(torch.int32)
     rt = moe_align(ids, E, 8)
     x = (torch.randn(T, H, generator=gen, device=DEV) + 1.0).to(torch.bfloat16)
-    act = lanes.moe_gate_up(x, lm, rt, k, variant, out=torch.full((T * k, I), float("nan"), device=DEV, dtype=torch.bfloat16))
+    act = lanes.moe_gate_up(x, lm, rt, k, variants[0], out=torch.full((T * k, I), float("nan"), device=DEV, dtype=torch.bfloat16))
     flat = ids.view(-1).long()
     z = torch.einsum("ph,pnh->pn", x.double()[torch.arange(T * k, device=DEV) // k], w13[flat])
     want = z[:, :I] / (1 + torch.exp(-z[:, :I])) * z[:, I:]
     assert _rel(act, want) < 1e-2
     a = torch.randn(T * k, I, generator=gen, device=DEV).to(torch.bfloat16)
-    y = lanes.moe_down(a, lm, rt, variant, out=torch.full((T * k, H), float("nan"), device=DEV, dtype=torch.bfloat16))
+    y = lanes.moe_down(a, lm, rt, variants[1], out=torch.full((T * k, H), float("nan"), device=DEV, dtype=torch.bfloat16))
     assert _rel(y, torch.einsum("pi,phi->ph", a.double(), w2[flat])) < 1e-2

@@ -16,8 +16,11 @@ from .lane_layout import lane_pack
 
 _SRC = Path(__file__).with_name("cuda")
 _SOURCES = ["moe_lanes_binding.cpp", "moe_lanes_launch.cu", "moe_lanes_g128.cu", "moe_lanes_g64.cu", "moe_lanes_g32.cu"]
-# (KSPLIT, STAGES) pairs every group size's file builds (moe_lanes.cuh KQ_LANES_VARIANTS)
-VARIANTS = [(1, 4), (1, 6), (1, 8), (4, 4)]
+# (NT, KSPLIT, STAGES, FOLD) instances every group size's file builds (moe_lanes.cuh KQ_LANES_VARIANTS)
+GATE_UP_VARIANTS = [(1, 1, 4, True), (1, 1, 6, True), (1, 4, 4, True), (2, 1, 4, True), (1, 1, 4, False),
+                    (1, 4, 4, False)]
+DOWN_VARIANTS = [(2, 1, 4, True), (2, 1, 6, True), (2, 4, 4, True), (2, 1, 4, False), (1, 1, 4, True),
+                 (2, 4, 4, False)]
 SMS_WARPS = 132 * 12        # an H200's resident warps at 3 CTAs of 4 warps per multiprocessor
 
 
@@ -28,13 +31,14 @@ def _ext():
                 extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"], verbose=False)
 
 
-def pick(pairs: int, experts: int, col_groups: int, kb: int) -> tuple[int, int]:
-    """(KSPLIT, STAGES) for a stage, from host-side sizes only (no routing data: graph capture):
-    split K 4 ways when fewer than two waves of warps would be resident and each keeps >= 4 blocks."""
-    warps = min(pairs, experts) * col_groups
-    if warps < 2 * SMS_WARPS and kb >= 16:
-        return 4, 4
-    return 1, 6
+def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool) -> tuple[int, int, int, bool]:
+    """(NT, KSPLIT, STAGES, FOLD) for a stage, from host-side sizes only (no routing data: graph
+    capture): split K 4 ways when fewer than half a wave of warps would be resident and each keeps
+    >= 4 blocks."""
+    nt = 1 if gated else 2
+    warps = min(pairs, experts) * -(-n_tiles // (2 * nt))
+    ks = 4 if warps < SMS_WARPS // 2 and kb >= 16 else 1
+    return nt, ks, 4, True
 
 
 @dataclass(frozen=True)
@@ -62,31 +66,31 @@ def lane_moe(w13_packed, w13_scale, w2_packed, w2_scale, group: int) -> LaneMoE:
     return LaneMoE(q13, s13, q2, s2, num_experts=E, hidden=H, intermediate=I, group=group)
 
 
-def _run(a, q, s, out, routing, K, n_tiles, n_tiles_all, up_tiles, a_row_div, gated, group, nt, variant, experts):
+def _run(a, q, s, out, routing, K, n_tiles, n_tiles_all, up_tiles, a_row_div, gated, group, variant, experts):
     pairs, be, bs, bc = routing
-    ks, stages = variant or pick(pairs.numel(), experts, -(-n_tiles // (2 * nt)), q.shape[2])
+    nt, ks, stages, fold = variant or pick(pairs.numel(), experts, n_tiles, q.shape[2], gated)
     rc = _ext().launch(a, q, s, out, pairs, be, bs, bc, K, n_tiles, n_tiles_all, up_tiles, a_row_div,
-                       int(gated), group, nt, ks, stages)
+                       int(gated), group, nt, ks, stages, int(fold))
     if rc != 0:
         raise RuntimeError(f"kq_moe_lanes_launch failed ({rc})")
 
 
-def moe_gate_up(x, lm: LaneMoE, routing, top_k: int, variant: tuple[int, int] | None = None,
+def moe_gate_up(x, lm: LaneMoE, routing, top_k: int, variant: tuple[int, int, int, bool] | None = None,
                 out: torch.Tensor | None = None) -> torch.Tensor:
-    """act[p] = silu(x[p // k] W_gate^T) * (x[p // k] W_up^T); variant (KSPLIT, STAGES) or picked."""
+    """act[p] = silu(x[p // k] W_gate^T) * (x[p // k] W_up^T); variant (NT, KSPLIT, STAGES, FOLD) or picked."""
     act = out if out is not None else torch.empty(routing[0].numel(), lm.intermediate, dtype=x.dtype, device=x.device)
     t = lm.intermediate // 8
-    _run(x, lm.w13_q, lm.w13_s, act, routing, lm.hidden, t, 2 * t, t, top_k, True, lm.group, 1, variant,
+    _run(x, lm.w13_q, lm.w13_s, act, routing, lm.hidden, t, 2 * t, t, top_k, True, lm.group, variant,
          lm.num_experts)
     return act
 
 
-def moe_down(act, lm: LaneMoE, routing, variant: tuple[int, int] | None = None,
+def moe_down(act, lm: LaneMoE, routing, variant: tuple[int, int, int, bool] | None = None,
              out: torch.Tensor | None = None) -> torch.Tensor:
     """y[p] = act[p] W_down^T."""
     y = out if out is not None else torch.empty(act.shape[0], lm.hidden, dtype=act.dtype, device=act.device)
     t = lm.hidden // 8
-    _run(act, lm.w2_q, lm.w2_s, y, routing, lm.intermediate, t, t, 0, 1, False, lm.group, 2, variant,
+    _run(act, lm.w2_q, lm.w2_s, y, routing, lm.intermediate, t, t, 0, 1, False, lm.group, variant,
          lm.num_experts)
     return y
 

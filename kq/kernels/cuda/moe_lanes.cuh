@@ -57,6 +57,13 @@ struct Params {
 
 constexpr uint32_t NEG136 = 0xC308C308u;   // bf16x2 (-136, -136)
 
+// bf16x2 (128 + c) - 136 = c - 8 = q, exact (small integers)
+__device__ __forceinline__ uint32_t sub136(uint32_t v) {
+  uint32_t r;
+  asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(v), "r"(NEG136));
+  return r;
+}
+
 // bf16 number lg (0..3) of the up-to-four scales loaded for a block, as float
 __device__ __forceinline__ float scale_at(uint2 v, int lg) {
   const uint32_t w = lg < 2 ? v.x : v.y;
@@ -68,7 +75,10 @@ __device__ __forceinline__ float scale_at(uint2 v, int lg) {
 // block, token g for lane g), C = [16 columns x 8 rows]. With at most a few rows per expert, none of
 // the mma's 16-wide side is wasted on padding rows, the A fragment {col g h0, col g+8 h0, col g h1,
 // col g+8 h1} is built by the dequantising lop3s in place, and the B fragment is one 8-byte load.
-template <int NT, int MATS, int GROUP>
+// FOLD: the codes enter the mma as q + 136 and one extra mma per step of x with -136 gives the offset,
+// added once per group; without FOLD one packed bf16 subtract per register makes the codes q exactly
+// (no offset mma, no per-group add: fewer instructions when groups are short).
+template <int NT, int MATS, int GROUP, bool FOLD>
 __device__ __forceinline__ void block_mma(const int4 (&w)[NT][MATS][2], const uint2 (&xb)[8],
                                           const uint2 (&sc)[NT][MATS][2], float (&part)[NT][MATS][4],
                                           float (&acc)[NT][MATS][4], float (&xoff)[4]) {
@@ -79,14 +89,18 @@ __device__ __forceinline__ void block_mma(const int4 (&w)[NT][MATS][2], const ui
 #pragma unroll
     for (int half = 0; half < 2; ++half) {       // step 2wd + half uses shifts 4(2 half + h)
       const int st = 2 * wd + half;
-      mma(xoff, neg, xb[st].x, xb[st].y);
+      if (FOLD) mma(xoff, neg, xb[st].x, xb[st].y);
 #pragma unroll
       for (int i = 0; i < NT; ++i) {
 #pragma unroll
         for (int m = 0; m < MATS; ++m) {
           const uint32_t lo = reinterpret_cast<const uint32_t*>(&w[i][m][0])[wd] >> (8 * half);   // column g
           const uint32_t hi = reinterpret_cast<const uint32_t*>(&w[i][m][1])[wd] >> (8 * half);   // column g + 8
-          const uint32_t a[4] = {pair_bf16(lo), pair_bf16(hi), pair_bf16(lo >> 4), pair_bf16(hi >> 4)};
+          uint32_t a[4] = {pair_bf16(lo), pair_bf16(hi), pair_bf16(lo >> 4), pair_bf16(hi >> 4)};
+          if (!FOLD) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) a[r] = sub136(a[r]);
+          }
           mma(part[i][m], a, xb[st].x, xb[st].y);
         }
       }
@@ -99,10 +113,12 @@ __device__ __forceinline__ void block_mma(const int4 (&w)[NT][MATS][2], const ui
         for (int m = 0; m < MATS; ++m) {
           const float s0 = scale_at(sc[i][m][0], lg);     // column g
           const float s1 = scale_at(sc[i][m][1], lg);     // column g + 8
-          acc[i][m][0] += (part[i][m][0] + xoff[0]) * s0;
-          acc[i][m][1] += (part[i][m][1] + xoff[1]) * s0;
-          acc[i][m][2] += (part[i][m][2] + xoff[2]) * s1;
-          acc[i][m][3] += (part[i][m][3] + xoff[3]) * s1;
+          const float o0 = FOLD ? xoff[0] : 0.f, o1 = FOLD ? xoff[1] : 0.f;
+          const float o2 = FOLD ? xoff[2] : 0.f, o3 = FOLD ? xoff[3] : 0.f;
+          acc[i][m][0] += (part[i][m][0] + o0) * s0;
+          acc[i][m][1] += (part[i][m][1] + o1) * s0;
+          acc[i][m][2] += (part[i][m][2] + o2) * s1;
+          acc[i][m][3] += (part[i][m][3] + o3) * s1;
           part[i][m][0] = part[i][m][1] = part[i][m][2] = part[i][m][3] = 0.f;
         }
       }
@@ -172,8 +188,8 @@ __device__ __forceinline__ void issue_w(uint32_t slot, const int4* const (&qb)[N
 // 128-input blocks between them (summed through shared memory at the end: the CTA's one barrier),
 // so a layer with few routed blocks or few columns (1 token; Kimi's TP-8 slice) still fills the GPU.
 // Dynamic shared memory: WARPS * STAGES * STREAMS * 512 bytes.
-template <int NT, bool GATED, int GROUP, int WARPS, int KSPLIT, int STAGES, bool EVEN_K>
-__global__ void __launch_bounds__(32 * WARPS, STAGES <= 6 && KSPLIT == 1 && GROUP == 128 ? 4 : 3) moe_lanes_kernel(Params p) {
+template <int NT, bool GATED, int GROUP, int WARPS, int KSPLIT, int STAGES, bool FOLD, bool EVEN_K>
+__global__ void __launch_bounds__(32 * WARPS, NT * (GATED ? 2 : 1) > 2 ? 2 : (STAGES <= 6 && KSPLIT == 1 && GROUP == 128 ? 4 : 3)) moe_lanes_kernel(Params p) {
   static_assert(STAGES % 2 == 0, "the activation sets alternate with the block's parity");
   constexpr int MATS = GATED ? 2 : 1;
   constexpr int STREAMS = NT * MATS * 2;
@@ -241,7 +257,7 @@ __global__ void __launch_bounds__(32 * WARPS, STAGES <= 6 && KSPLIT == 1 && GROU
           for (int m = 0; m < MATS; ++m)
 #pragma unroll
             for (int c = 0; c < 2; ++c) w[i][m][c] = mine[(j * STREAMS + (i * MATS + m) * 2 + c) * 32];
-        block_mma<NT, MATS, GROUP>(w, xs[j & 1].x, xs[j & 1].sc, part, acc, xoff);
+        block_mma<NT, MATS, GROUP, FOLD>(w, xs[j & 1].x, xs[j & 1].sc, part, acc, xoff);
       }
     }
   }
@@ -291,17 +307,17 @@ __global__ void __launch_bounds__(32 * WARPS, STAGES <= 6 && KSPLIT == 1 && GROU
 // The host side of one group size's instances (moe_lanes_g*.cu): grid (ceil(n_tiles / (2 NT WARPS /
 // KSPLIT)), routed blocks), dynamic shared memory for the rings. Returns cudaGetLastError(), or -1
 // when no instance matches.
-#define KQ_LANES_TRY(NT_, GATED_, GROUP_, KSPLIT_, STAGES_)                                               \
-  if (nt == NT_ && (gated != 0) == GATED_ && ksplit == KSPLIT_ && stages == STAGES_) {                   \
+#define KQ_LANES_TRY(NT_, GATED_, GROUP_, KSPLIT_, STAGES_, FOLD_)                                        \
+  if (nt == NT_ && (gated != 0) == GATED_ && ksplit == KSPLIT_ && stages == STAGES_ && (fold != 0) == FOLD_) { \
     constexpr int CG = kq_lanes_warps / KSPLIT_;                                                         \
     constexpr int SMEM = kq_lanes_warps * STAGES_ * NT_ * (GATED_ ? 2 : 1) * 2 * 512;                    \
     const dim3 grid((n_tiles + 2 * NT_ * CG - 1) / (2 * NT_ * CG), n_blocks);                            \
     if (K % 128 == 0) {                                                                                  \
-      auto* k = kq_lanes::moe_lanes_kernel<NT_, GATED_, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, true>; \
+      auto* k = kq_lanes::moe_lanes_kernel<NT_, GATED_, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, FOLD_, true>; \
       cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);                        \
       k<<<grid, dim3(32 * kq_lanes_warps), SMEM, stream>>>(p);                                           \
     } else {                                                                                             \
-      auto* k = kq_lanes::moe_lanes_kernel<NT_, GATED_, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, false>;\
+      auto* k = kq_lanes::moe_lanes_kernel<NT_, GATED_, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, FOLD_, false>; \
       cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);                        \
       k<<<grid, dim3(32 * kq_lanes_warps), SMEM, stream>>>(p);                                           \
     }                                                                                                    \
@@ -309,15 +325,16 @@ __global__ void __launch_bounds__(32 * WARPS, STAGES <= 6 && KSPLIT == 1 && GROU
   }
 constexpr int kq_lanes_warps = 4;
 
-// every (NT, GATED, KSPLIT, STAGES) a group size's file builds; the host picks one (cuda_lanes.py)
+// every (NT, GATED, KSPLIT, STAGES, FOLD) a group size's file builds; the host picks one (cuda_lanes.py)
 #define KQ_LANES_VARIANTS(G)                                                                                    \
-  KQ_LANES_TRY(1, true, G, 1, 4) KQ_LANES_TRY(1, true, G, 1, 6) KQ_LANES_TRY(1, true, G, 1, 8)                  \
-  KQ_LANES_TRY(1, true, G, 4, 4) KQ_LANES_TRY(2, false, G, 1, 4) KQ_LANES_TRY(2, false, G, 1, 6)                \
-  KQ_LANES_TRY(2, false, G, 1, 8) KQ_LANES_TRY(2, false, G, 4, 4)
+  KQ_LANES_TRY(1, true, G, 1, 4, true) KQ_LANES_TRY(1, true, G, 1, 6, true) KQ_LANES_TRY(1, true, G, 4, 4, true) \
+  KQ_LANES_TRY(2, true, G, 1, 4, true) KQ_LANES_TRY(1, true, G, 1, 4, false) KQ_LANES_TRY(1, true, G, 4, 4, false) \
+  KQ_LANES_TRY(2, false, G, 1, 4, true) KQ_LANES_TRY(2, false, G, 1, 6, true) KQ_LANES_TRY(2, false, G, 4, 4, true) \
+  KQ_LANES_TRY(2, false, G, 1, 4, false) KQ_LANES_TRY(1, false, G, 1, 4, true) KQ_LANES_TRY(2, false, G, 4, 4, false)
 
 #define KQ_LANES_ENTRY(G)                                                                                       \
   int kq_moe_lanes_g##G(const kq_lanes::Params& p, int n_blocks, int K, int n_tiles, int gated, int nt,         \
-                        int ksplit, int stages, cudaStream_t stream) {                                          \
+                        int ksplit, int stages, int fold, cudaStream_t stream) {                                \
     KQ_LANES_VARIANTS(G)                                                                                        \
     return -1;                                                                                                  \
   }

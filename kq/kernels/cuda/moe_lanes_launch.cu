@@ -2,15 +2,15 @@
 // (moe_lanes_binding.cpp), dispatched to the group size's instances.
 #include "moe_lanes.cuh"
 
-int kq_moe_lanes_g128(const kq_lanes::Params&, int, int, int, int, int, int, int, cudaStream_t);
-int kq_moe_lanes_g64(const kq_lanes::Params&, int, int, int, int, int, int, int, cudaStream_t);
-int kq_moe_lanes_g32(const kq_lanes::Params&, int, int, int, int, int, int, int, cudaStream_t);
+int kq_moe_lanes_g128(const kq_lanes::Params&, int, int, int, int, int, int, int, int, cudaStream_t);
+int kq_moe_lanes_g64(const kq_lanes::Params&, int, int, int, int, int, int, int, int, cudaStream_t);
+int kq_moe_lanes_g32(const kq_lanes::Params&, int, int, int, int, int, int, int, int, cudaStream_t);
 
 // returns cudaGetLastError() of the launch, or -1 when no instance matches (n_tiles must be even)
 int kq_moe_lanes_launch(const void* a, const void* q, const void* s, void* out, const int* pairs,
                         const int* blk_expert, const int* blk_start, const int* blk_count, int n_blocks,
                         int lda, int ldo, int K, int kb_total, int groups, int n_tiles, int n_tiles_all,
-                        int up_tiles, int a_row_div, int gated, int group, int nt, int ksplit, int stages,
+                        int up_tiles, int a_row_div, int gated, int group, int nt, int ksplit, int stages, int fold,
                         void* stream) {
   const kq_lanes::Params p{static_cast<const __nv_bfloat16*>(a), static_cast<const int4*>(q),
                            static_cast<const __nv_bfloat16*>(s), static_cast<__nv_bfloat16*>(out), pairs,
@@ -19,9 +19,9 @@ int kq_moe_lanes_launch(const void* a, const void* q, const void* s, void* out, 
   if (n_tiles % 2) return -1;
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   switch (group) {
-    case 128: return kq_moe_lanes_g128(p, n_blocks, K, n_tiles, gated, nt, ksplit, stages, st);
-    case 64: return kq_moe_lanes_g64(p, n_blocks, K, n_tiles, gated, nt, ksplit, stages, st);
-    case 32: return kq_moe_lanes_g32(p, n_blocks, K, n_tiles, gated, nt, ksplit, stages, st);
+    case 128: return kq_moe_lanes_g128(p, n_blocks, K, n_tiles, gated, nt, ksplit, stages, fold, st);
+    case 64: return kq_moe_lanes_g64(p, n_blocks, K, n_tiles, gated, nt, ksplit, stages, fold, st);
+    case 32: return kq_moe_lanes_g32(p, n_blocks, K, n_tiles, gated, nt, ksplit, stages, fold, st);
     default: return -1;
   }
 }
