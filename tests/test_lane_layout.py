@@ -3,7 +3,7 @@ kernel's step-by-step reading, emulated, equals a float64 matmul of the checkpoi
 import pytest
 import torch
 
-from kq.kernels.lane_layout import emulate_mma_gemm, lane_input, lane_pack
+from kq.kernels.lane_layout import dequantize_lane, emulate_mma_gemm, lane_input, lane_pack, lane_unpack
 from kq.kernels.layout import pack_checkpoint_nibbles
 
 
@@ -36,3 +36,16 @@ def test_emulated_kernel_equals_a_float64_matmul(group, k):
 def test_lane_pack_refuses_shapes_it_cannot_tile():
     with pytest.raises(ValueError, match="not a multiple of 8"):
         lane_pack(torch.zeros(1, 12, 16, dtype=torch.int32), torch.ones(1, 12, 4), 32)
+
+
+@pytest.mark.parametrize("group,k", [(32, 256), (32, 192), (64, 320), (64, 128), (128, 384), (128, 128)])
+def test_lane_unpack_inverts_lane_pack(group, k):
+    # K a multiple of 128 and not (192, 320: the padding must be dropped again)
+    gen = torch.Generator().manual_seed(7 * group + k)
+    E, N = 2, 16
+    nib = torch.randint(0, 16, (E, N, k), generator=gen)
+    scale = (torch.rand(E, N, k // group, generator=gen) * 0.05 + 1e-3).to(torch.bfloat16)
+    words, s = lane_pack(pack_checkpoint_nibbles(nib), scale, group)
+    assert torch.equal(lane_unpack(words, k), nib.to(torch.uint8))
+    want = (nib.float() - 8) * scale.float().repeat_interleave(group, dim=-1)
+    assert torch.equal(dequantize_lane(words, s, k, group), want)

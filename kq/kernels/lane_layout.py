@@ -82,6 +82,28 @@ def lane_pack(packed: torch.Tensor, scale: torch.Tensor, group: int) -> tuple[to
     return words.contiguous(), s.contiguous()
 
 
+def lane_unpack(words: torch.Tensor, k: int) -> torch.Tensor:
+    """Inverse of lane_pack's word packing: words [E, N/8, KB, 8, 4, 4] int32 -> stored nibbles
+    [E, N, k] uint8 (q + 8) in natural input order, the K padding dropped."""
+    E, NT, KB = words.shape[:3]
+    w = words.permute(0, 1, 3, 2, 4, 5).reshape(E, NT * TILE, KB, 4, 4)         # [e, n, kb, t, wd]
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=words.device)
+    nib = (w.unsqueeze(-1) >> shifts) & 0xF                                      # [e, n, kb, t, wd, J]
+    # (t, wd, J) flattened is _index's order; scatter each nibble to the input it holds
+    codes = torch.empty(E, NT * TILE, KB, PACK_K, dtype=torch.uint8, device=words.device)
+    codes[..., _index(words.device).view(-1)] = nib.reshape(E, NT * TILE, KB, PACK_K).to(torch.uint8)
+    return codes.view(E, NT * TILE, KB * PACK_K)[..., :k]
+
+
+def dequantize_lane(words: torch.Tensor, scales: torch.Tensor, k: int, group: int,
+                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Lane layout (words, scales [E, N/8, 8, Gp]) -> dense weights [E, N, k] in `dtype`."""
+    codes = lane_unpack(words, k).to(dtype) - 8
+    E, N = codes.shape[:2]
+    scale = scales.reshape(E, N, -1)[..., : k // group].to(dtype)                # padded groups dropped
+    return codes * scale.repeat_interleave(group, dim=-1)
+
+
 def emulate_mma_gemm(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
     """What the CUDA kernel computes for one matrix, step by step the way it reads: x [M <= 16, K]
     -> y [M, N] float64. Lane (g, t) of step s takes its B pairs from word s // 2 at shifts
