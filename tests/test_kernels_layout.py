@@ -135,6 +135,22 @@ def test_reference_fused_moe_matches_float64(group, use_map):
     if use_map:   # token 1's pair to global expert 1 lives elsewhere: only its other pair counts
         assert not torch.allclose(got.double(), _moe64(x, nib13, s13, nib2, s2, group, tw, ids, None, 1.5),
                                   rtol=1e-2, atol=1e-3)
+    # the lane layout of the same checkpoint dequantizes to the same float32 weights
+    lane = prepack_moe(p13, s13, p2, s2, group, lane=True)
+    assert lane.lane and not pp.lane
+    assert torch.equal(fused_moe_w4a16(x, lane, tw, ids, expert_map=emap, routed_scaling_factor=1.5), got)
+
+
+@pytest.mark.parametrize("hidden,inter", [(128, 40), (40, 128)])
+def test_prepack_moe_lane_refuses_sizes_off_16(hidden, inter):
+    p13 = torch.zeros(1, 2 * inter, hidden // 8, dtype=torch.int32)
+    p2 = torch.zeros(1, hidden, inter // 8, dtype=torch.int32)
+    with pytest.raises(ValueError, match=f"intermediate size {inter} and hidden size {hidden} must both be "
+                                         "multiples of 16"):
+        prepack_moe(p13, torch.ones(1, 2 * inter, 1), p2, torch.ones(1, hidden, 1), 32, lane=True)
+    with pytest.raises(ValueError, match="w2 scale shape"):
+        prepack_moe(torch.zeros(1, 64, 16, dtype=torch.int32), torch.ones(1, 64, 4),
+                    torch.zeros(1, 128, 4, dtype=torch.int32), torch.ones(1, 128, 2), 32, lane=True)
 
 
 def test_fused_moe_refuses_mismatched_shapes():

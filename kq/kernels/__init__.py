@@ -3,7 +3,8 @@
 Public API (CUDA tensors run the Triton kernels, anything else the torch reference):
     prepack_linear(weight_packed [N, K/8] int32, weight_scale [N, K/g], group) -> PrepackedLinear
     prepack_moe(w13_packed [E, 2I, H/8], w13_scale [E, 2I, H/g], w2_packed [E, H, I/8],
-                w2_scale [E, H, I/g], group) -> PrepackedMoE
+                w2_scale [E, H, I/g], group, lane=False) -> PrepackedMoE
+                (lane=True: the CUDA decode kernel's lane layout, which the Triton MoE path also reads)
     w4a16_linear(x [..., K] bf16, w: PrepackedLinear) -> [..., N]
     fused_moe_w4a16(x [T, H] bf16, pp: PrepackedMoE, topk_weights [T, k] f32, topk_ids [T, k] int32,
                     *, expert_map=None, routed_scaling_factor=1.0) -> [T, H]

@@ -121,6 +121,11 @@ class PrepackedMoE:
 
     w13: gate and up stacked along the output dim ([gate; up], SGLang's w13), q [E, Hp/8, 2I], s [E, Hp/g, 2I]
     w2:  down, q [E, Ip/8, H], s [E, Ip/g, H]
+
+    lane: when True, w13_q/w13_s/w2_q/w2_s are instead lane-layout tensors from lane_layout.lane_pack
+    (the CUDA decode kernel's layout, which the Triton kernels also read): w13 = [gate; up] rows as in
+    the checkpoint, q [E, 2I/8, Hp/128, 8, 4, 4], s [E, 2I/8, 8, Hp/g], so gate's columns are n-tiles
+    0 .. I/8-1 and up's n-tiles I/8 .. 2I/8-1; w2 q [E, H/8, Ip/128, 8, 4, 4], s [E, H/8, 8, Ip/g].
     """
     w13_q: torch.Tensor
     w13_s: torch.Tensor
@@ -130,6 +135,7 @@ class PrepackedMoE:
     hidden: int
     intermediate: int
     group: int
+    lane: bool = False
 
 
 def prepack_linear(weight_packed: torch.Tensor, weight_scale: torch.Tensor, group: int) -> PrepackedLinear:
@@ -143,8 +149,10 @@ def prepack_linear(weight_packed: torch.Tensor, weight_scale: torch.Tensor, grou
 
 
 def prepack_moe(w13_packed: torch.Tensor, w13_scale: torch.Tensor, w2_packed: torch.Tensor,
-                w2_scale: torch.Tensor, group: int) -> PrepackedMoE:
-    """w13_packed [E, 2I, H/8], w13_scale [E, 2I, H/g], w2_packed [E, H, I/8], w2_scale [E, H, I/g]."""
+                w2_scale: torch.Tensor, group: int, lane: bool = False) -> PrepackedMoE:
+    """w13_packed [E, 2I, H/8], w13_scale [E, 2I, H/g], w2_packed [E, H, I/8], w2_scale [E, H, I/g].
+
+    lane=False: the tiles layout above; lane=True: the lane layout (see PrepackedMoE)."""
     for name, t in (("w13_packed", w13_packed), ("w2_packed", w2_packed)):
         if t.dtype != torch.int32 or t.dim() != 3:
             raise ValueError(f"prepack_moe: {name} must be 3-D int32, got {t.dim()}-D {t.dtype}")
@@ -156,6 +164,27 @@ def prepack_moe(w13_packed: torch.Tensor, w13_scale: torch.Tensor, w2_packed: to
     if tuple(w2_packed.shape) != (E, H, I // 8):
         raise ValueError(f"prepack_moe: w2_packed shape {tuple(w2_packed.shape)} != {(E, H, I // 8)} "
                          f"implied by w13_packed {tuple(w13_packed.shape)}")
-    w13_q, w13_s = prepack_matrix(w13_packed, w13_scale, group)
-    w2_q, w2_s = prepack_matrix(w2_packed, w2_scale, group)
-    return PrepackedMoE(w13_q, w13_s, w2_q, w2_s, num_experts=E, hidden=H, intermediate=I, group=group)
+    if lane:
+        w13_q, w13_s, w2_q, w2_s = _lane_moe_tensors(w13_packed, w13_scale, w2_packed, w2_scale, group, H, I)
+    else:
+        w13_q, w13_s = prepack_matrix(w13_packed, w13_scale, group)
+        w2_q, w2_s = prepack_matrix(w2_packed, w2_scale, group)
+    return PrepackedMoE(w13_q, w13_s, w2_q, w2_s, num_experts=E, hidden=H, intermediate=I, group=group,
+                        lane=lane)
+
+
+def _lane_moe_tensors(w13_packed, w13_scale, w2_packed, w2_scale, group: int, H: int, I: int):
+    """prepack_moe's lane-layout branch: the checks lane_pack leaves out, then lane_pack per matrix."""
+    # imported here: lane_layout imports this module
+    from .lane_layout import lane_pack
+    if I % 16 or H % 16:
+        # the CUDA decode kernel (cuda_lanes.py) works on pairs of 8-column n-tiles of every matrix
+        raise ValueError(f"prepack_moe(lane=True): intermediate size {I} and hidden size {H} must both be "
+                         f"multiples of 16 for the lane layout")
+    for name, packed, scale in (("w13", w13_packed, w13_scale), ("w2", w2_packed, w2_scale)):
+        E, N, K8 = packed.shape
+        _check_group(group, K8 * 8, "prepack_moe")
+        if scale.shape != (E, N, K8 * 8 // group):
+            raise ValueError(f"prepack_moe: {name} scale shape {tuple(scale.shape)} != "
+                             f"{(E, N, K8 * 8 // group)} for group {group}")
+    return (*lane_pack(w13_packed, w13_scale, group), *lane_pack(w2_packed, w2_scale, group))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from .lane_layout import dequantize_lane
 from .layout import PrepackedLinear, PrepackedMoE, dequantize_prepacked
 
 
@@ -27,6 +28,12 @@ def local_expert_ids(topk_ids: torch.Tensor, expert_map: torch.Tensor | None) ->
     return torch.where(ids < 0, -1, mapped)
 
 
+def _expert_weight(q: torch.Tensor, s: torch.Tensor, e: int, k: int, pp: PrepackedMoE) -> torch.Tensor:
+    """Expert e's matrix of a PrepackedMoE as float32 [N, k], from either layout (pp.lane)."""
+    dequant = dequantize_lane if pp.lane else dequantize_prepacked
+    return dequant(q[e:e + 1], s[e:e + 1], k, pp.group)[0]
+
+
 def fused_moe_w4a16(x: torch.Tensor, pp: PrepackedMoE, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                     *, expert_map: torch.Tensor | None = None, routed_scaling_factor: float = 1.0) -> torch.Tensor:
     """out[t] = rsf * sum_j w[t,j] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = local id of topk_ids[t,j].
@@ -44,8 +51,8 @@ def fused_moe_w4a16(x: torch.Tensor, pp: PrepackedMoE, topk_weights: torch.Tenso
         if e < 0:
             continue
         t_idx, j_idx = torch.nonzero(ids == e, as_tuple=True)
-        w13 = dequantize_prepacked(pp.w13_q[e:e + 1], pp.w13_s[e:e + 1], H, pp.group)[0]   # [2I, H]
-        w2 = dequantize_prepacked(pp.w2_q[e:e + 1], pp.w2_s[e:e + 1], I, pp.group)[0]      # [H, I]
+        w13 = _expert_weight(pp.w13_q, pp.w13_s, e, H, pp)                                # [2I, H]
+        w2 = _expert_weight(pp.w2_q, pp.w2_s, e, I, pp)                                    # [H, I]
         gu = xf[t_idx] @ w13.t()                                                           # [n, 2I]
         act = torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]
         y = act @ w2.t()                                                                   # [n, H]
