@@ -3,7 +3,8 @@
 out[row, n] = sum_k a[a_row, k] * (nibble[k, n] - 8) * scale[k // G, n]
 
 Rows come either straight (dense: rows pid_m*BM ..) or from a routing table (MoE: a block of
-pairs that all go to one expert). Weights are in the prepacked layout of `layout.py`.
+pairs that all go to one expert). Weights are in the prepacked layout of `layout.py`, or (LANE,
+MoE only) in the CUDA decode kernel's lane layout of `lane_layout.py` (see _lane_loop).
 
 Dequantization without int->float conversions: a nibble c is or-ed into the mantissa of the
 bf16 number 128.0 (bits 0x4300), which gives exactly 128 + c; one packed bf16 subtract
@@ -75,6 +76,104 @@ def _dot_planes(a_base, row_mask, w, kb, j: tl.constexpr, K, acc, xoff, offs_w, 
 
 
 @triton.jit
+def _lane_codes(w, shifts, BLOCK_N: tl.constexpr, F32: tl.constexpr, FOLD: tl.constexpr):
+    """[4, BN] int32 words of one word column (row t = lane chunk) -> [32, BN] codes, row
+    r = 8t + 2j + i holding nibble j + 4i of word t (shifts[2j + i] = 4 (j + 4i)).
+
+    FOLD: q + 136 (the dot's extra 136 * sum(x) is taken off per group); else q. F32: fp32 (the
+    interpreter); else bf16 from the plain-ops construction: a nibble or-ed into the mantissa of
+    128.0 is exactly 128 + nibble (the inline-asm pairs of _bf16_pairs assume the tiles layout's
+    one shift per tile, here the shift changes from row to row)."""
+    c = tl.reshape((w[:, None, :] >> shifts[None, :, None]) & 0xF, (32, BLOCK_N))
+    if F32:
+        if FOLD:
+            c = c.to(tl.float32) + 128.0
+        else:
+            c = c.to(tl.float32) - 8.0
+    else:
+        c = (c | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        if not FOLD:
+            c = c - 136.0
+    return c
+
+
+@triton.jit
+def _lane_words(ptrs, n_mask, EVEN_N: tl.constexpr):
+    if EVEN_N:
+        w = tl.load(ptrs)
+    else:
+        w = tl.load(ptrs, mask=n_mask[None, :], other=0)
+    return w
+
+
+@triton.jit
+def _lane_scaled(acc, part, xoff, s_ptrs, n_mask, FOLD: tl.constexpr, EVEN_N: tl.constexpr):
+    """acc + the group's partial sums times its scales (FOLD: with the -136 * sum(x) offset)."""
+    if EVEN_N:
+        sc = tl.load(s_ptrs).to(tl.float32)
+    else:
+        sc = tl.load(s_ptrs, mask=n_mask, other=0.0).to(tl.float32)
+    if FOLD:
+        acc += (part + xoff) * sc[None, :]
+    else:
+        acc += part * sc[None, :]
+    return acc
+
+
+@triton.jit
+def _lane_loop(a_base, row_mask, q_base, s_base, offs_n, n_mask, K, stride_tile, stride_col, up_offset,
+               kb_lo, kblocks, acc_g, acc_u, GROUP: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, FOLD: tl.constexpr, F32: tl.constexpr, EVEN_K: tl.constexpr,
+               EVEN_N: tl.constexpr):
+    """LANE mode's K loop (weights from lane_layout.lane_pack, the CUDA decode kernel's layout).
+
+    Word wd of chunk t of column n in block kb sits at (n // 8) * stride_tile + kb * 128 + (n % 8) * 16
+    + 4t + wd, and its nibble j + 4i is input 128 kb + 32 wd + 16 (j // 2) + 4t + 2 (j % 2) + i: so
+    word column wd is exactly the 32 inputs 128 kb + 32 wd .. +31, one dot per column (activations
+    gathered in the codes' row order), and a group of 32/64/128 ends after a whole column."""
+    col_off = (offs_n // 8) * stride_tile + (offs_n % 8) * 16
+    up_words = (up_offset // 8) * stride_tile      # up's n-tiles follow gate's (I is a multiple of 16)
+    t4 = tl.arange(0, 4)
+    m8 = tl.arange(0, 8)                           # m = 2j + i
+    shifts = 4 * (m8 // 2 + 4 * (m8 % 2))
+    r = tl.arange(0, 32)                           # code row r = 8t + 2j + i -> its input in the column
+    k_r = 16 * ((r % 8) // 4) + 4 * (r // 8) + 2 * ((r // 2) % 2) + r % 2
+    s_g = s_base + offs_n * stride_col
+    s_u = s_base + (offs_n + up_offset) * stride_col
+    COLS_PER_GROUP: tl.constexpr = GROUP // 32
+    for kb_i in range(0, kblocks):
+        kb = kb_lo + kb_i
+        part_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        part_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        xoff = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for wd in tl.static_range(4):
+            w_ptrs = q_base + col_off[None, :] + (kb * 128 + 4 * t4 + wd)[:, None]      # [4, BN]
+            kk = kb * 128 + 32 * wd + k_r
+            if EVEN_K:
+                x = tl.load(a_base + kk[None, :], mask=row_mask[:, None], other=0.0)
+            else:       # inputs past K: padded weights are code 8 with scale 0, x = 0 is enough
+                x = tl.load(a_base + kk[None, :], mask=row_mask[:, None] & (kk < K)[None, :], other=0.0)
+            if F32:
+                x = x.to(tl.float32)
+            part_g = tl.dot(x, _lane_codes(_lane_words(w_ptrs, n_mask, EVEN_N), shifts, BLOCK_N, F32, FOLD),
+                            part_g)
+            if GATED:
+                part_u = tl.dot(x, _lane_codes(_lane_words(w_ptrs + up_words, n_mask, EVEN_N), shifts, BLOCK_N,
+                                               F32, FOLD), part_u)
+            if FOLD:        # shared by gate and up: the same x
+                xoff = tl.dot(x, tl.full((32, BLOCK_N), -136.0, x.dtype), xoff)
+            if (wd + 1) % COLS_PER_GROUP == 0:
+                g = (kb * 128 + wd * 32) // GROUP
+                acc_g = _lane_scaled(acc_g, part_g, xoff, s_g + g, n_mask, FOLD, EVEN_N)
+                part_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                if GATED:
+                    acc_u = _lane_scaled(acc_u, part_u, xoff, s_u + g, n_mask, FOLD, EVEN_N)
+                    part_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                xoff = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    return acc_g, acc_u
+
+
+@triton.jit
 def w4a16_gemm_kernel(
     a_ptr, stride_am,                       # activations [rows, K] bf16, K contiguous
     q_ptr, stride_qe, stride_qk,            # prepacked int32 [E, Kp/8, NW], NW contiguous
@@ -95,6 +194,9 @@ def w4a16_gemm_kernel(
                                             # 1: plain bf16 ops (BLOCK_M >= 64, where Triton uses wgmma
                                             #    and the operand's register pairs run along N, not K);
                                             # 0: fp32 (Triton's CPU interpreter: no PTX, no bf16 dots)
+    LANE: tl.constexpr = False,             # MoE weights in the lane layout (_lane_loop); then stride_qk is
+                                            # the words per n-tile (KBP * 128), stride_sg the scales per
+                                            # column (Gp), and up_offset still up's first column
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -131,71 +233,76 @@ def w4a16_gemm_kernel(
     offs_k32 = tl.arange(0, 32)
 
     kb_lo = pid_s * kblocks_per_split          # the host makes SPLIT_K divide the K blocks
-    for kb_i in range(0, kblocks_per_split):
-        kb = kb_lo + kb_i
-        if DEQ < 2:
-            q_ptrs = q_base + (kb * 16 + offs_w)[:, None] * stride_qk + offs_n[None, :]     # [16, BN]
-        else:
-            # [32, BN]: row r is word r // 2, so each thread's (k, k+1) pair of the B fragment
-            # sees the one word that holds both (the compiler loads it once)
-            q_ptrs = q_base + (kb * 16 + offs_k32 // 2)[:, None] * stride_qk + offs_n[None, :]
-        if EVEN_N:
-            wg = tl.load(q_ptrs)
-            if GATED:
-                wu = tl.load(q_ptrs + up_offset)
-        else:
-            wg = tl.load(q_ptrs, mask=n_mask[None, :], other=0)
-            if GATED:
-                wu = tl.load(q_ptrs + up_offset, mask=n_mask[None, :], other=0)
-        part_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        part_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        xoff = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)     # FOLD: -136 * sum(x) of the group
-        for j in tl.static_range(4):           # inputs 128kb + 32j .. +31, all in one group
+    if LANE:
+        acc_g, acc_u = _lane_loop(a_base, row_mask, q_base, s_base, offs_n, n_mask, K, stride_qk, stride_sg,
+                                  up_offset, kb_lo, kblocks_per_split, acc_g, acc_u, GROUP, GATED, BLOCK_M,
+                                  BLOCK_N, FOLD and DEQ != 1, DEQ == 0, EVEN_K, EVEN_N)
+    else:
+        for kb_i in range(0, kblocks_per_split):
+            kb = kb_lo + kb_i
             if DEQ < 2:
-                part_g, xoff = _dot_planes(a_base, row_mask, wg, kb, j, K, part_g, xoff, offs_w, DEQ == 0,
-                                           FOLD and DEQ == 0, True)
-                if GATED:     # the same x as gate's: its offset is already in xoff
-                    part_u, _unused = _dot_planes(a_base, row_mask, wu, kb, j, K, part_u, xoff, offs_w,
-                                                 DEQ == 0, FOLD and DEQ == 0, False)
+                q_ptrs = q_base + (kb * 16 + offs_w)[:, None] * stride_qk + offs_n[None, :]     # [16, BN]
             else:
-                kk = kb * 128 + j * 32 + offs_k32
-                if EVEN_K:          # the row mask stays: padding rows must not cost memory traffic
-                    x = tl.load(a_base + kk[None, :], mask=row_mask[:, None], other=0.0)
-                else:
-                    x = tl.load(a_base + kk[None, :], mask=row_mask[:, None] & (kk < K)[None, :], other=0.0)
-                if FOLD:
-                    part_g = tl.dot(x, _bf16_pairs(wg, j), part_g)
-                    if GATED:
-                        part_u = tl.dot(x, _bf16_pairs(wu, j), part_u)
-                    xoff = tl.dot(x, tl.full((32, BLOCK_N), -136.0, tl.bfloat16), xoff)
-                else:
-                    part_g = tl.dot(x, _bf16_pairs(wg, j) - 136.0, part_g)
-                    if GATED:
-                        part_u = tl.dot(x, _bf16_pairs(wu, j) - 136.0, part_u)
-            if (j + 1) % SUBS_PER_GROUP == 0:
-                g = (kb * 128 + j * 32) // GROUP
-                folded = FOLD and DEQ != 1
-                if EVEN_N:
-                    sg = tl.load(s_base + g * stride_sg + offs_n).to(tl.float32)
-                else:
-                    sg = tl.load(s_base + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-                if folded:
-                    acc_g += (part_g + xoff) * sg[None, :]
-                else:
-                    acc_g += part_g * sg[None, :]
-                part_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                # [32, BN]: row r is word r // 2, so each thread's (k, k+1) pair of the B fragment
+                # sees the one word that holds both (the compiler loads it once)
+                q_ptrs = q_base + (kb * 16 + offs_k32 // 2)[:, None] * stride_qk + offs_n[None, :]
+            if EVEN_N:
+                wg = tl.load(q_ptrs)
                 if GATED:
+                    wu = tl.load(q_ptrs + up_offset)
+            else:
+                wg = tl.load(q_ptrs, mask=n_mask[None, :], other=0)
+                if GATED:
+                    wu = tl.load(q_ptrs + up_offset, mask=n_mask[None, :], other=0)
+            part_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            part_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            xoff = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)     # FOLD: -136 * sum(x) of the group
+            for j in tl.static_range(4):           # inputs 128kb + 32j .. +31, all in one group
+                if DEQ < 2:
+                    part_g, xoff = _dot_planes(a_base, row_mask, wg, kb, j, K, part_g, xoff, offs_w, DEQ == 0,
+                                               FOLD and DEQ == 0, True)
+                    if GATED:     # the same x as gate's: its offset is already in xoff
+                        part_u, _unused = _dot_planes(a_base, row_mask, wu, kb, j, K, part_u, xoff, offs_w,
+                                                     DEQ == 0, FOLD and DEQ == 0, False)
+                else:
+                    kk = kb * 128 + j * 32 + offs_k32
+                    if EVEN_K:          # the row mask stays: padding rows must not cost memory traffic
+                        x = tl.load(a_base + kk[None, :], mask=row_mask[:, None], other=0.0)
+                    else:
+                        x = tl.load(a_base + kk[None, :], mask=row_mask[:, None] & (kk < K)[None, :], other=0.0)
+                    if FOLD:
+                        part_g = tl.dot(x, _bf16_pairs(wg, j), part_g)
+                        if GATED:
+                            part_u = tl.dot(x, _bf16_pairs(wu, j), part_u)
+                        xoff = tl.dot(x, tl.full((32, BLOCK_N), -136.0, tl.bfloat16), xoff)
+                    else:
+                        part_g = tl.dot(x, _bf16_pairs(wg, j) - 136.0, part_g)
+                        if GATED:
+                            part_u = tl.dot(x, _bf16_pairs(wu, j) - 136.0, part_u)
+                if (j + 1) % SUBS_PER_GROUP == 0:
+                    g = (kb * 128 + j * 32) // GROUP
+                    folded = FOLD and DEQ != 1
                     if EVEN_N:
-                        su = tl.load(s_base + g * stride_sg + up_offset + offs_n).to(tl.float32)
+                        sg = tl.load(s_base + g * stride_sg + offs_n).to(tl.float32)
                     else:
-                        su = tl.load(s_base + g * stride_sg + up_offset + offs_n, mask=n_mask,
-                                     other=0.0).to(tl.float32)
+                        sg = tl.load(s_base + g * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
                     if folded:
-                        acc_u += (part_u + xoff) * su[None, :]
+                        acc_g += (part_g + xoff) * sg[None, :]
                     else:
-                        acc_u += part_u * su[None, :]
-                    part_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                xoff = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                        acc_g += part_g * sg[None, :]
+                    part_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                    if GATED:
+                        if EVEN_N:
+                            su = tl.load(s_base + g * stride_sg + up_offset + offs_n).to(tl.float32)
+                        else:
+                            su = tl.load(s_base + g * stride_sg + up_offset + offs_n, mask=n_mask,
+                                         other=0.0).to(tl.float32)
+                        if folded:
+                            acc_u += (part_u + xoff) * su[None, :]
+                        else:
+                            acc_u += part_u * su[None, :]
+                        part_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                    xoff = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
     o_mask = row_mask[:, None] & n_mask[None, :]
     o_ptrs = out_ptr + pid_s.to(tl.int64) * stride_os + out_rows.to(tl.int64)[:, None] * stride_om \
