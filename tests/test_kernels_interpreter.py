@@ -138,6 +138,54 @@ def test_fused_moe_kernel_matches_reference(group, use_map, cfgs):
     assert _rel(got, want) < 1.5e-2      # the kernel rounds the SiLU*mul activations to bf16
 
 
+_IDS = torch.tensor([[0, 3, 5], [3, 1, 0], [1, 0, 3], [5, 3, 1], [0, 1, 3]], dtype=torch.int32)
+_EMAP = torch.tensor([1, -1, 2, 0, 4, 5], dtype=torch.int32)     # global 1 on another rank
+
+
+@pytest.mark.parametrize("group,use_map,H,I,cfgs", [
+    (32, False, 256, 128, None),
+    (64, True, 256, 128, (ops.TileConfig(16, 32, 2), ops.TileConfig(16, 64, 1))),     # split-K 2
+    (128, False, 256, 128, (ops.TileConfig(64, 64, 1), ops.TileConfig(64, 128, 1))),  # prefill-style tiles
+    (64, True, 256, 192, None),                         # I not a multiple of 128: down's K padded
+    (32, False, 160, 96, (ops.TileConfig(16, 64, 1), ops.TileConfig(16, 128, 1))),   # N % BLOCK_N != 0, H padded
+    (128, True, 256, 128, (ops.TileConfig(16, 64, 2, fold=False, masks=True),          # the masked, unfolded
+                           ops.TileConfig(16, 64, 1, fold=False, masks=True))),        # loads at group 128
+    (32, False, 256, 128, (ops.TileConfig(16, 64, 1, fold=True, masks=True),) * 2),   # FOLD at group 32
+])
+def test_fused_moe_kernel_reads_the_lane_layout(group, use_map, H, I, cfgs):
+    # the same checkpoint tensors prepacked both ways: the kernel on the lane layout against the
+    # reference on the tiles layout (the lane layout's reference path is another test's)
+    gen = torch.Generator().manual_seed(group + I)
+    E, T, k = 6, 5, 3
+    p13, s13 = _weights(E, 2 * I, H, group, gen)
+    p2, s2 = _weights(E, H, I, group, gen)
+    lane = prepack_moe(p13, s13, p2, s2, group, lane=True)
+    tiles = prepack_moe(p13, s13, p2, s2, group)
+    x = torch.randn(T, H, generator=gen).to(torch.bfloat16)
+    tw = torch.rand(T, k, generator=gen)
+    emap = _EMAP if use_map else None
+    got = ops.fused_moe_w4a16(x, lane, tw, _IDS, expert_map=emap, routed_scaling_factor=2.5, configs=cfgs)
+    want = reference.fused_moe_w4a16(x, tiles, tw, _IDS, expert_map=emap, routed_scaling_factor=2.5)
+    assert got.shape == (T, H)
+    assert _rel(got, want) < 1.5e-2      # the kernel rounds the SiLU*mul activations to bf16
+
+
+def test_lane_gate_up_stage_matches_the_tiles_layout():
+    # stage 1 alone, split-K 2, I = 96 on 64-column tiles, on both layouts: up's columns must come
+    # from the second half of w13
+    gen = torch.Generator().manual_seed(5)
+    E, H, I, T, k = 3, 256, 96, 4, 2
+    p13, s13 = _weights(E, 2 * I, H, 32, gen)
+    p2, s2 = _weights(E, H, I, 32, gen)
+    x = torch.randn(T, H, generator=gen).to(torch.bfloat16)
+    ids = torch.tensor([[0, 2], [2, 1], [1, 0], [2, 0]], dtype=torch.int32)
+    cfg = ops.TileConfig(16, 64, 2)
+    routing = ops.moe_align(ids, E, cfg.block_m)
+    acts = [ops.moe_gate_up(x, prepack_moe(p13, s13, p2, s2, 32, lane=lane), routing, k, cfg)
+            for lane in (False, True)]
+    assert _rel(acts[1], acts[0]) < 1e-2
+
+
 @pytest.mark.parametrize("use_map", [False, True])
 def test_fused_moe_skips_pairs_marked_minus_one(use_map):
     # SGLang's EP dispatcher hands local ids with -1 for experts on other ranks

@@ -80,8 +80,22 @@ def moe_configs(pairs: int, e: int, h: int, i: int, sms: int, group: int = 128) 
     return TileConfig(64, 64, 1, 8), TileConfig(64, 128, 1, 8)
 
 
+def _lane_strides(q, s, kblocks: int) -> tuple[int, int, int, int]:
+    """(expert, n-tile) strides of lane words [E, N/8, KB, 8, 4, 4] and (expert, column) strides of
+    lane scales [E, N/8, 8, Gp]: what LANE mode reads through stride_qe/stride_qk/stride_se/stride_sg.
+    The kernel addresses inside an n-tile with fixed offsets, so those dims must be packed."""
+    if q.dim() != 6 or q.shape[2] != kblocks or q.stride()[2:] != (128, 16, 4, 1):
+        raise ValueError(f"lane words {tuple(q.shape)} strides {q.stride()}: expected packed "
+                         f"[E, N/8, {kblocks}, 8, 4, 4] (lane_layout.lane_pack)")
+    if s.dim() != 4 or s.stride(3) != 1 or s.stride(1) != 8 * s.stride(2):
+        raise ValueError(f"lane scales {tuple(s.shape)} strides {s.stride()}: expected [E, N/8, 8, Gp] "
+                         f"with a column's groups contiguous")
+    return q.stride(0), q.stride(1), s.stride(0), s.stride(2)
+
+
 def _launch_gemm(a, q, s, out, k, n, group, cfg: TileConfig, *, rows=0, routing=None, a_row_div=1,
-                 gated=False, up_offset=0):
+                 gated=False, up_offset=0, lane=False):
+    """lane: q, s in the lane layout (MoE only); up_offset is up's first column in either layout."""
     kblocks = -(-k // PACK_K)
     if kblocks % cfg.split_k:
         raise ValueError(f"split_k {cfg.split_k} does not divide the {kblocks} K blocks of {PACK_K}")
@@ -92,14 +106,18 @@ def _launch_gemm(a, q, s, out, k, n, group, cfg: TileConfig, *, rows=0, routing=
     else:
         pairs, blk_e, blk_s, blk_c = routing
         m_blocks = blk_e.numel()
-    qe = q.stride(0) if q.dim() == 3 else 0
-    se = s.stride(0) if s.dim() == 3 else 0
+    if lane:
+        qe, qk, se, sg = _lane_strides(q, s, kblocks)
+    else:
+        qe = q.stride(0) if q.dim() == 3 else 0
+        se = s.stride(0) if s.dim() == 3 else 0
+        qk, sg = q.stride(-2), s.stride(-2)
     grid = (triton.cdiv(n, cfg.block_n), m_blocks, cfg.split_k)
     deq = 0 if _INTERPRETED else (2 if cfg.block_m < 64 else 1)     # see w4a16_gemm_kernel
     fold = _fold(cfg, group, deq)
     even = not cfg.masks and (fold or _INTERPRETED)     # the interpreter checks both paths at every group
     w4a16_gemm_kernel[grid](
-        a, a.stride(0), q, qe, q.stride(-2), s, se, s.stride(-2),
+        a, a.stride(0), q, qe, qk, s, se, sg,
         out, out.stride(0) if out.dim() == 3 else 0, out.stride(-2),
         pairs, blk_e, blk_s, blk_c,
         rows, n, k, up_offset, per_split,
@@ -108,7 +126,7 @@ def _launch_gemm(a, q, s, out, k, n, group, cfg: TileConfig, *, rows=0, routing=
         FOLD=fold,
         # the unmasked loads only beside FOLD: measured slower at group 32 (gemm_kernel's doc)
         EVEN_K=even and k % PACK_K == 0, EVEN_N=even and n % cfg.block_n == 0,
-        DEQ=deq, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        DEQ=deq, LANE=lane, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _reduce(part, out, rows, n, gated):
@@ -172,11 +190,11 @@ def moe_gate_up(x, pp: PrepackedMoE, routing, top_k: int, cfg: TileConfig) -> to
     act = torch.empty(p, i, dtype=x.dtype, device=x.device)
     if cfg.split_k == 1:
         _launch_gemm(x, pp.w13_q, pp.w13_s, act, h, i, pp.group, cfg, routing=routing, a_row_div=top_k,
-                     gated=True, up_offset=i)
+                     gated=True, up_offset=i, lane=pp.lane)
     else:
         part = torch.empty(cfg.split_k, p, 2 * i, dtype=torch.float32, device=x.device)
         _launch_gemm(x, pp.w13_q, pp.w13_s, part, h, i, pp.group, cfg, routing=routing, a_row_div=top_k,
-                     gated=True, up_offset=i)
+                     gated=True, up_offset=i, lane=pp.lane)
         _reduce(part, act, p, i, gated=True)
     return act
 
@@ -185,7 +203,8 @@ def moe_down(act, pp: PrepackedMoE, routing, cfg: TileConfig) -> torch.Tensor:
     """Stage 2: y[p] = act[p] @ down_e^T, [P, H] bf16 (rows of pairs with no local expert unwritten)."""
     p = act.shape[0]
     y = torch.empty(p, pp.hidden, dtype=act.dtype, device=act.device)
-    _launch_gemm(act, pp.w2_q, pp.w2_s, y, pp.intermediate, pp.hidden, pp.group, cfg, routing=routing)
+    _launch_gemm(act, pp.w2_q, pp.w2_s, y, pp.intermediate, pp.hidden, pp.group, cfg, routing=routing,
+                 lane=pp.lane)
     return y
 
 
