@@ -105,12 +105,15 @@ MOE_CASES = [  # E, H, I, T, k, group, use_map
 ]
 
 
+@pytest.mark.parametrize("lane", [False, True])
 @pytest.mark.parametrize("E,H,I,T,k,group,use_map", MOE_CASES)
-def test_fused_moe_matches_reference(E, H, I, T, k, group, use_map, monkeypatch):
+def test_fused_moe_matches_reference(E, H, I, T, k, group, use_map, lane, monkeypatch):
+    # lane: the kernel reads the lane layout, the reference the tiles layout of the same checkpoint
     gen = torch.Generator(device=DEV).manual_seed(E + H + T)
     p13, s13 = _weights(E, 2 * I, H, group, gen)
     p2, s2 = _weights(E, H, I, group, gen)
     pp = prepack_moe(p13, s13, p2, s2, group)
+    kernel_pp = prepack_moe(p13, s13, p2, s2, group, lane=True) if lane else pp
     x = torch.randn(T, H, generator=gen, device=DEV).to(torch.bfloat16)
     # routing over the first half of the experts only: the rest receive no token
     ids = torch.stack([torch.randperm(max(k, E // 2), generator=gen, device=DEV)[:k] for _ in range(T)])
@@ -121,9 +124,31 @@ def test_fused_moe_matches_reference(E, H, I, T, k, group, use_map, monkeypatch)
         emap = torch.arange(E, device=DEV, dtype=torch.int32)
         emap[1::3] = -1                                   # these experts live on another rank
     _poisoned_out(monkeypatch)
-    got = ops.fused_moe_w4a16(x, pp, tw, ids, expert_map=emap, routed_scaling_factor=2.5)
+    got = ops.fused_moe_w4a16(x, kernel_pp, tw, ids, expert_map=emap, routed_scaling_factor=2.5)
     want = reference.fused_moe_w4a16(x, pp, tw, ids, expert_map=emap, routed_scaling_factor=2.5)
     assert _rel(got, want) < 1.5e-2
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("fold,masks", [(True, False), (False, False), (True, True), (False, True)])
+def test_lane_layout_fold_masks_split_and_prefill_tiles(group, fold, masks, monkeypatch):
+    # the lane layout through every kernel variant: FOLD on/off (activations offset by 4, the
+    # hardest cancellation), idle masks dropped or kept, split-K 2, and the BLOCK_M 64 tiles (DEQ 1)
+    gen = torch.Generator(device=DEV).manual_seed(group + 10 * fold + masks)
+    E, H, I, T, k = 32, 2048, 256, 5, 8
+    p13, s13 = _weights(E, 2 * I, H, group, gen)
+    p2, s2 = _weights(E, H, I, group, gen)
+    tiles = prepack_moe(p13, s13, p2, s2, group)
+    lane = prepack_moe(p13, s13, p2, s2, group, lane=True)
+    x = (torch.randn(T, H, generator=gen, device=DEV) + 4.0).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(E, generator=gen, device=DEV)[:k] for _ in range(T)]).to(torch.int32)
+    tw = torch.rand(T, k, generator=gen, device=DEV)
+    want = reference.fused_moe_w4a16(x, tiles, tw, ids)
+    _poisoned_out(monkeypatch)
+    def cfg(m, n, split=1, warps=4):
+        return ops.TileConfig(m, n, split, warps, fold=fold, masks=masks)
+    for cfgs in ((cfg(16, 64), cfg(16, 128)), (cfg(16, 64, 2), cfg(16, 64)), (cfg(64, 64, 1, 8), cfg(64, 128, 1, 8))):
+        assert _rel(ops.fused_moe_w4a16(x, lane, tw, ids, configs=cfgs), want) < 1.5e-2, cfgs
 
 
 def test_fused_moe_capture_in_cuda_graph_and_replay_with_new_routing():
