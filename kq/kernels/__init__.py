@@ -12,6 +12,8 @@ The same two ops, in plain torch, are in kq.kernels.reference.
 """
 from __future__ import annotations
 
+import importlib
+
 import torch
 
 from . import reference
@@ -23,7 +25,7 @@ __all__ = ["PrepackedLinear", "PrepackedMoE", "prepack_linear", "prepack_moe", "
 
 def triton_available() -> bool:
     try:
-        import triton  # noqa: F401
+        importlib.import_module("triton")     # a real import: an installed but broken triton counts as absent
     except ImportError:
         return False
     return True
