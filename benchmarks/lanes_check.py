@@ -15,7 +15,8 @@ import torch
 sys.path.insert(0, ".")
 from kq.kernels import cuda_lanes  # noqa: E402
 from kq.kernels.lane_layout import lane_pack  # noqa: E402
-from kq.kernels.layout import pack_checkpoint_nibbles  # noqa: E402
+from kq.kernels import prepack_moe  # noqa: E402
+from kq.kernels.layout import PrepackedMoE, pack_checkpoint_nibbles  # noqa: E402
 from kq.kernels.triton_ops import moe_align  # noqa: E402
 
 DEV = "cuda"
@@ -36,7 +37,7 @@ def down_stage(e, h, i, t, k, group, gen):
     """act [P, I] -> y [P, H] = act[p] @ W2[expert(p)]^T, the kernel against float64."""
     p2, s2, w2 = weights(e, h, i, group, gen)
     p13, s13, _ = weights(e, 2 * i, h, group, gen)
-    lm = cuda_lanes.lane_moe(p13, s13, p2, s2, group)
+    lm = prepack_moe(p13, s13, p2, s2, group, lane=True)
     ids = torch.stack([torch.randperm(e, generator=gen, device=DEV)[:k] for _ in range(t)]).to(torch.int32)
     act = torch.randn(t * k, i, generator=gen, device=DEV).to(torch.bfloat16)
     rt = moe_align(ids, e, 8)
@@ -48,7 +49,7 @@ def down_stage(e, h, i, t, k, group, gen):
 def gate_up_stage(e, h, i, t, k, group, gen):
     p13, s13, w13 = weights(e, 2 * i, h, group, gen)
     p2, s2, _ = weights(e, h, i, group, gen)
-    lm = cuda_lanes.lane_moe(p13, s13, p2, s2, group)
+    lm = prepack_moe(p13, s13, p2, s2, group, lane=True)
     ids = torch.stack([torch.randperm(e, generator=gen, device=DEV)[:k] for _ in range(t)]).to(torch.int32)
     x = torch.randn(t, h, generator=gen, device=DEV).to(torch.bfloat16)
     act = cuda_lanes.moe_gate_up(x, lm, moe_align(ids, e, 8), k)
@@ -67,7 +68,7 @@ def one_hot_map(n, kdim, group):
     s = torch.ones(1, n, kdim // group, device=DEV, dtype=torch.bfloat16)
     p = pack_checkpoint_nibbles(nib)
     q, sc = lane_pack(p, s, group)
-    lm = cuda_lanes.LaneMoE(q, sc, q, sc, num_experts=1, hidden=n, intermediate=kdim, group=group)
+    lm = PrepackedMoE(q, sc, q, sc, num_experts=1, hidden=n, intermediate=kdim, group=group, lane=True)
     w = (nib[0].double() - 8)                                   # [n, kdim]
     rt = moe_align(torch.zeros(1, 1, dtype=torch.int32, device=DEV), 1, 8)
     bad = []

@@ -23,20 +23,27 @@ def _rel(a, b):
     (8, 768, 192, 3, 2, 64),          # I not a multiple of 128: the down stage's K is padded
     (64, 2048, 256, 40, 8, 128),      # experts with more than 8 pairs: several 8-row blocks each
 ])
-def test_lanes_moe_matches_reference(E, H, I, T, k, group):
+@pytest.mark.parametrize("use_map", [False, True])
+def test_lanes_moe_matches_reference(E, H, I, T, k, group, use_map):
+    """The whole MoE (routing, both stages, combine) against the reference of the tiles layout; with
+    an expert map (expert parallelism) every other expert is remote (-1) and the local ones renumbered."""
     gen = torch.Generator(device=DEV).manual_seed(E + H + T)
     nib13 = torch.randint(0, 16, (E, 2 * I, H), generator=gen, device=DEV)
     nib2 = torch.randint(0, 16, (E, H, I), generator=gen, device=DEV)
     s13 = (torch.rand(E, 2 * I, H // group, generator=gen, device=DEV) * 0.05 + 1e-3).to(torch.bfloat16)
     s2 = (torch.rand(E, H, I // group, generator=gen, device=DEV) * 0.05 + 1e-3).to(torch.bfloat16)
     p13, p2 = pack_checkpoint_nibbles(nib13), pack_checkpoint_nibbles(nib2)
-    lm = lanes.lane_moe(p13, s13, p2, s2, group)
+    lm = prepack_moe(p13, s13, p2, s2, group, lane=True)
     pp = prepack_moe(p13, s13, p2, s2, group)
     x = (torch.randn(T, H, generator=gen, device=DEV) + 1.0).to(torch.bfloat16)
     ids = torch.stack([torch.randperm(max(k, E // 2), generator=gen, device=DEV)[:k] for _ in range(T)]).to(torch.int32)
     tw = torch.rand(T, k, generator=gen, device=DEV)
-    got = lanes.fused_moe_lanes(x, lm, tw, ids, routed_scaling_factor=2.5)
-    want = reference.fused_moe_w4a16(x, pp, tw, ids, routed_scaling_factor=2.5)
+    emap = None
+    if use_map:
+        emap = torch.full((E,), -1, dtype=torch.int32, device=DEV)
+        emap[::2] = torch.arange(0, (E + 1) // 2, dtype=torch.int32, device=DEV)
+    got = lanes.fused_moe_lanes(x, lm, tw, ids, expert_map=emap, routed_scaling_factor=2.5)
+    want = reference.fused_moe_w4a16(x, pp, tw, ids, expert_map=emap, routed_scaling_factor=2.5)
     assert _rel(got, want) < 1.5e-2
 
 
@@ -56,7 +63,7 @@ def test_every_instance_matches_float64(variants, group):
     E, H, I, T, k = 32, 640, 384, 11, 4
     p13, s13, w13 = _weights(E, 2 * I, H, group, gen)
     p2, s2, w2 = _weights(E, H, I, group, gen)
-    lm = lanes.lane_moe(p13, s13, p2, s2, group)
+    lm = prepack_moe(p13, s13, p2, s2, group, lane=True)
     ids = torch.stack([torch.randperm(12, generator=gen, device=DEV)[:k] for _ in range(T)])
     ids[:, 0] = 5                                        # expert 5 gets one pair per token: 11 > 8
     ids = ids.to(torch.int32)
@@ -70,3 +77,22 @@ def test_every_instance_matches_float64(variants, group):
     a = torch.randn(T * k, I, generator=gen, device=DEV).to(torch.bfloat16)
     y = lanes.moe_down(a, lm, rt, variants[1], out=torch.full((T * k, H), float("nan"), device=DEV, dtype=torch.bfloat16))
     assert _rel(y, torch.einsum("pi,phi->ph", a.double(), w2[flat])) < 1e-2
+
+
+@pytest.mark.parametrize("E,T,k,path", [(64, 4, 8, "cuda"), (16, 300, 4, "triton")])
+def test_public_moe_on_the_lane_layout_picks_the_kernel_by_size(E, T, k, path):
+    """kq.kernels.fused_moe_w4a16 on a lane-layout layer: the CUDA kernel at decode sizes, Triton's
+    LANE mode above; both against the reference of the tiles layout."""
+    from kq.kernels import _lanes_for, fused_moe_w4a16
+    gen = torch.Generator(device=DEV).manual_seed(T)
+    H, I, group = 512, 256, 128
+    p13, s13, _ = _weights(E, 2 * I, H, group, gen)
+    p2, s2, _ = _weights(E, H, I, group, gen)
+    lm = prepack_moe(p13, s13, p2, s2, group, lane=True)
+    x = torch.randn(T, H, generator=gen, device=DEV).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(E, generator=gen, device=DEV)[:k] for _ in range(T)]).to(torch.int32)
+    tw = torch.rand(T, k, generator=gen, device=DEV)
+    assert _lanes_for(x, lm, T * k) == (path == "cuda")
+    got = fused_moe_w4a16(x, lm, tw, ids)
+    want = reference.fused_moe_w4a16(x, prepack_moe(p13, s13, p2, s2, group), tw, ids)
+    assert _rel(got, want) < 1.5e-2

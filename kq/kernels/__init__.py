@@ -1,6 +1,7 @@
 """W4A16 kernels: INT4 weights (symmetric, group 32/64/128, bf16 scales) x bf16 activations.
 
-Public API (CUDA tensors run the Triton kernels, anything else the torch reference):
+Public API (CUDA tensors run the Triton kernels, and on Hopper a lane-layout MoE at decode sizes the
+CUDA kernel of cuda_lanes.py; anything else the torch reference):
     prepack_linear(weight_packed [N, K/8] int32, weight_scale [N, K/g], group) -> PrepackedLinear
     prepack_moe(w13_packed [E, 2I, H/8], w13_scale [E, 2I, H/g], w2_packed [E, H, I/8],
                 w2_scale [E, H, I/g], group, lane=False) -> PrepackedMoE
@@ -13,6 +14,7 @@ The same two ops, in plain torch, are in kq.kernels.reference.
 from __future__ import annotations
 
 import importlib
+import os
 
 import torch
 
@@ -20,7 +22,7 @@ from . import reference
 from .layout import PrepackedLinear, PrepackedMoE, prepack_linear, prepack_moe
 
 __all__ = ["PrepackedLinear", "PrepackedMoE", "prepack_linear", "prepack_moe", "w4a16_linear",
-           "fused_moe_w4a16", "reference", "triton_available"]
+           "fused_moe_w4a16", "reference", "triton_available", "lanes_available", "moe_lane_layout"]
 
 
 def triton_available() -> bool:
@@ -33,6 +35,38 @@ def triton_available() -> bool:
 
 def _use_triton(x: torch.Tensor) -> bool:
     return x.is_cuda and triton_available()
+
+
+def lanes_available(device: torch.device) -> bool:
+    """Whether the CUDA decode MoE kernel (cuda_lanes.py: Hopper only, built on first use) serves
+    `device`; a lane-layout PrepackedMoE still runs everywhere else, through Triton or the reference."""
+    from .cuda_lanes import available
+    return available(device)
+
+
+MOE_LAYOUTS = ("auto", "lane", "tiles")
+
+
+def moe_lane_layout(device: torch.device, hidden: int, intermediate: int) -> bool:
+    """Whether a loader should prepack a MoE layer with lane=True. KQ_MOE_LAYOUT=auto (default): the
+    lane layout where the CUDA decode kernel runs (Hopper) and the shape fits it; lane / tiles force
+    one (lane also runs elsewhere, through Triton's LANE mode). A layer holds one layout only: the
+    experts are the bulk of a MoE model's memory."""
+    choice = os.environ.get("KQ_MOE_LAYOUT", "auto")
+    if choice not in MOE_LAYOUTS:
+        raise ValueError(f"KQ_MOE_LAYOUT={choice!r}: expected one of {', '.join(MOE_LAYOUTS)}")
+    fits = hidden % 16 == 0 and intermediate % 16 == 0
+    if choice == "lane" and not fits:
+        raise ValueError(f"KQ_MOE_LAYOUT=lane: hidden {hidden} and intermediate {intermediate} per rank must "
+                         f"be multiples of 16 for the lane layout")
+    if choice == "auto":
+        return fits and lanes_available(device)
+    return choice == "lane"
+
+
+def _lanes_for(x: torch.Tensor, pp: PrepackedMoE, pairs: int) -> bool:
+    from .cuda_lanes import available, decode_size
+    return available(x.device) and decode_size(pairs, pp.num_experts)
 
 
 def w4a16_linear(x: torch.Tensor, w: PrepackedLinear) -> torch.Tensor:
@@ -54,6 +88,10 @@ def fused_moe_w4a16(x: torch.Tensor, pp: PrepackedMoE, topk_weights: torch.Tenso
         raise ValueError(f"fused_moe_w4a16: topk_ids {tuple(topk_ids.shape)} and topk_weights "
                          f"{tuple(topk_weights.shape)} must both be [T={x.shape[0]}, k]")
     if _use_triton(x):
+        if pp.lane and _lanes_for(x, pp, topk_ids.numel()):
+            from .cuda_lanes import fused_moe_lanes
+            return fused_moe_lanes(x, pp, topk_weights, topk_ids, expert_map=expert_map,
+                                   routed_scaling_factor=routed_scaling_factor)
         from .triton_ops import fused_moe_w4a16 as fast
         return fast(x, pp, topk_weights, topk_ids, expert_map=expert_map,
                     routed_scaling_factor=routed_scaling_factor)

@@ -7,12 +7,11 @@ takes 8 activation rows)."""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .lane_layout import lane_pack
+from .layout import PrepackedMoE
 
 _SRC = Path(__file__).with_name("cuda")
 _SOURCES = ["moe_lanes_binding.cpp", "moe_lanes_launch.cu", "moe_lanes_g128.cu", "moe_lanes_g64.cu", "moe_lanes_g32.cu"]
@@ -41,29 +40,15 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool) -> tuple[
     return nt, ks, 4, True
 
 
-@dataclass(frozen=True)
-class LaneMoE:
-    """A layer's routed experts in the lane layout: w13 = [gate; up] ([E, 2I/8, KB_H, 8, 4, 4] words,
-    [E, 2I/8, 8, G_H] scales), w2 = down ([E, H/8, KB_I, 8, 4, 4], [E, H/8, 8, G_I])."""
-    w13_q: torch.Tensor
-    w13_s: torch.Tensor
-    w2_q: torch.Tensor
-    w2_s: torch.Tensor
-    num_experts: int
-    hidden: int
-    intermediate: int
-    group: int
+def available(device: torch.device) -> bool:
+    """The kernel is built for Hopper (sm_90a) only; elsewhere the Triton kernel serves."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
 
 
-def lane_moe(w13_packed, w13_scale, w2_packed, w2_scale, group: int) -> LaneMoE:
-    """From the checkpoint layout (compressed-tensors weight_packed / weight_scale), like prepack_moe."""
-    E, two_i, h8 = w13_packed.shape
-    I, H = two_i // 2, h8 * 8
-    if I % 16 or H % 16:
-        raise ValueError(f"lane_moe: I {I} and H {H} must be multiples of 16")
-    q13, s13 = lane_pack(w13_packed, w13_scale, group)
-    q2, s2 = lane_pack(w2_packed, w2_scale, group)
-    return LaneMoE(q13, s13, q2, s2, num_experts=E, hidden=H, intermediate=I, group=group)
+def decode_size(pairs: int, experts: int) -> bool:
+    """Routed blocks hold <= 8 pairs and every block reads its expert's whole weight: the kernel is
+    for decode, where an expert gets a few pairs (the same bound as the Triton decode tiles)."""
+    return pairs <= 4 * experts
 
 
 def _run(a, q, s, out, routing, K, n_tiles, n_tiles_all, up_tiles, a_row_div, gated, group, variant, experts):
@@ -75,7 +60,7 @@ def _run(a, q, s, out, routing, K, n_tiles, n_tiles_all, up_tiles, a_row_div, ga
         raise RuntimeError(f"kq_moe_lanes_launch failed ({rc})")
 
 
-def moe_gate_up(x, lm: LaneMoE, routing, top_k: int, variant: tuple[int, int, int, bool] | None = None,
+def moe_gate_up(x, lm: PrepackedMoE, routing, top_k: int, variant: tuple[int, int, int, bool] | None = None,
                 out: torch.Tensor | None = None) -> torch.Tensor:
     """act[p] = silu(x[p // k] W_gate^T) * (x[p // k] W_up^T); variant (NT, KSPLIT, STAGES, FOLD) or picked."""
     act = out if out is not None else torch.empty(routing[0].numel(), lm.intermediate, dtype=x.dtype, device=x.device)
@@ -85,7 +70,7 @@ def moe_gate_up(x, lm: LaneMoE, routing, top_k: int, variant: tuple[int, int, in
     return act
 
 
-def moe_down(act, lm: LaneMoE, routing, variant: tuple[int, int, int, bool] | None = None,
+def moe_down(act, lm: PrepackedMoE, routing, variant: tuple[int, int, int, bool] | None = None,
              out: torch.Tensor | None = None) -> torch.Tensor:
     """y[p] = act[p] W_down^T."""
     y = out if out is not None else torch.empty(act.shape[0], lm.hidden, dtype=act.dtype, device=act.device)
@@ -95,20 +80,15 @@ def moe_down(act, lm: LaneMoE, routing, variant: tuple[int, int, int, bool] | No
     return y
 
 
-def fused_moe_lanes(x: torch.Tensor, lm: LaneMoE, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
-                    routed_scaling_factor: float = 1.0) -> torch.Tensor:
-    """x [T, H] bf16 -> [T, H] bf16; the maths of kq.kernels.reference.fused_moe_w4a16 (no expert map yet)."""
-    import triton
-
-    from .moe_combine import combine_topk_kernel
-    from .triton_ops import moe_align
-    t, h = x.shape
+def fused_moe_lanes(x: torch.Tensor, pp: PrepackedMoE, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
+                    expert_map: torch.Tensor | None = None, routed_scaling_factor: float = 1.0) -> torch.Tensor:
+    """x [T, H] bf16 -> [T, H] bf16 with pp in the lane layout; the maths of
+    kq.kernels.reference.fused_moe_w4a16 (pairs whose expert the map sends to -1 add nothing)."""
+    from .triton_ops import combine_topk, moe_align
+    if not pp.lane:
+        raise ValueError("fused_moe_lanes: the experts must be prepacked with lane=True")
     k = topk_ids.shape[1]
     x = x.contiguous()
-    routing = moe_align(topk_ids, lm.num_experts, 8)
-    y = moe_down(moe_gate_up(x, lm, routing, k), lm, routing)
-    out = torch.empty(t, h, dtype=x.dtype, device=x.device)
-    ids = topk_ids.to(torch.int32).contiguous()
-    combine_topk_kernel[(t, triton.cdiv(h, 512))](y, ids, ids, topk_weights.contiguous(), out, h,
-                                                  float(routed_scaling_factor), TOPK=k, HAS_MAP=False, BLOCK=512)
-    return out
+    routing = moe_align(topk_ids, pp.num_experts, 8, expert_map)
+    y = moe_down(moe_gate_up(x, pp, routing, k), pp, routing)
+    return combine_topk(y, topk_ids, topk_weights, expert_map, routed_scaling_factor)

@@ -220,9 +220,17 @@ def fused_moe_w4a16(x: torch.Tensor, pp: PrepackedMoE, topk_weights: torch.Tenso
     act = moe_gate_up(x, pp, r1, k, cfg1)
     r2 = r1 if cfg2.block_m == cfg1.block_m else moe_align(topk_ids, pp.num_experts, cfg2.block_m, expert_map)
     y = moe_down(act, pp, r2, cfg2)
-    out = torch.empty(t, h, dtype=x.dtype, device=x.device)
+    return combine_topk(y, topk_ids, topk_weights, expert_map, routed_scaling_factor)
+
+
+def combine_topk(y: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                 expert_map: torch.Tensor | None, routed_scaling_factor: float) -> torch.Tensor:
+    """out[t] = scaling * sum_j w[t, j] * y[t * k + j] over the pairs with a local expert; [T, H]."""
+    t, k = topk_ids.shape
+    h = y.shape[1]
+    out = torch.empty(t, h, dtype=y.dtype, device=y.device)
     ids = topk_ids.to(torch.int32).contiguous()
-    emap = expert_map.to(device=x.device, dtype=torch.int32).contiguous() if expert_map is not None else ids
+    emap = expert_map.to(device=y.device, dtype=torch.int32).contiguous() if expert_map is not None else ids
     block = 512
     combine_topk_kernel[(t, triton.cdiv(h, block))](
         y, ids, emap, topk_weights.contiguous(), out, h, float(routed_scaling_factor),

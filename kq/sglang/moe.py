@@ -4,7 +4,9 @@ Follows SGLang's MoE method interface (`FusedMoEMethodBase`): `create_weights` r
 parameters in the *checkpoint* layout, so SGLang's own `FusedMoE.weight_loader` fills them
 per expert and per TP rank (gate/up split along the intermediate rows, down along its packed
 input columns, scales with them) and honours expert parallelism's local-expert map;
-`process_weights_after_loading` runs kq's prepack (or reads `kq shard` per-rank files);
+`process_weights_after_loading` runs kq's prepack (or reads `kq shard` per-rank files, which hold
+the tiles layout); without rank files the layout is kq.kernels.moe_lane_layout's choice (the lane
+layout on Hopper: the CUDA decode kernel);
 `apply` takes SGLang's dispatch output and returns its combine input.
 
 SGLang transposes expert weights on load only for its own WNA16 class names; this class is
@@ -16,7 +18,7 @@ import torch
 from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase
 from sglang.srt.utils import set_weight_attrs
 
-from kq.kernels import fused_moe_w4a16, prepack_moe
+from kq.kernels import fused_moe_w4a16, moe_lane_layout, prepack_moe
 from kq.sglang import rank_loader
 
 
@@ -63,8 +65,10 @@ class KqMoEMethod(FusedMoEMethodBase):
         if layer.kq_rank_files is not None:
             pp = rank_loader.load_prepacked(layer.kq_rank_files, device=layer.w13_weight_packed.device)
         else:
-            pp = prepack_moe(layer.w13_weight_packed.data, layer.w13_weight_scale.data,
-                             layer.w2_weight_packed.data, layer.w2_weight_scale.data, self.group)
+            w13 = layer.w13_weight_packed.data
+            lane = moe_lane_layout(w13.device, w13.shape[2] * 8, w13.shape[1] // 2)
+            pp = prepack_moe(w13, layer.w13_weight_scale.data, layer.w2_weight_packed.data,
+                             layer.w2_weight_scale.data, self.group, lane=lane)
         layer.kq_moe = pp
         # The checkpoint-layout copies are no longer needed: free them, keep the names.
         for name in ("w13_weight_packed", "w2_weight_packed", "w13_weight_scale", "w2_weight_scale"):
