@@ -5,8 +5,8 @@ parameters in the *checkpoint* layout, so SGLang's own `FusedMoE.weight_loader` 
 per expert and per TP rank (gate/up split along the intermediate rows, down along its packed
 input columns, scales with them) and honours expert parallelism's local-expert map;
 `process_weights_after_loading` runs kq's prepack (or reads `kq shard` per-rank files, which hold
-the tiles layout); without rank files the layout is kq.kernels.moe_lane_layout's choice (the lane
-layout on Hopper: the CUDA decode kernel);
+the tiles layout) in the layout kq.kernels.moe_lane_layout chooses (the lane layout on Hopper: the
+CUDA decode kernel; rank files are converted on the device);
 `apply` takes SGLang's dispatch output and returns its combine input.
 
 SGLang transposes expert weights on load only for its own WNA16 class names; this class is
@@ -19,6 +19,7 @@ from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase
 from sglang.srt.utils import set_weight_attrs
 
 from kq.kernels import fused_moe_w4a16, moe_lane_layout, prepack_moe
+from kq.kernels.layout import lane_from_tiles
 from kq.sglang import rank_loader
 
 
@@ -64,6 +65,8 @@ class KqMoEMethod(FusedMoEMethodBase):
             return
         if layer.kq_rank_files is not None:
             pp = rank_loader.load_prepacked(layer.kq_rank_files, device=layer.w13_weight_packed.device)
+            if moe_lane_layout(pp.w13_q.device, pp.hidden, pp.intermediate):
+                pp = lane_from_tiles(pp)      # rank files hold the tiles layout
         else:
             w13 = layer.w13_weight_packed.data
             lane = moe_lane_layout(w13.device, w13.shape[2] * 8, w13.shape[1] // 2)
