@@ -7,6 +7,7 @@ takes 8 activation rows)."""
 from __future__ import annotations
 
 import functools
+import sys
 from pathlib import Path
 
 import torch
@@ -20,7 +21,10 @@ GATE_UP_VARIANTS = [(1, 1, 4, True), (1, 1, 6, True), (1, 4, 4, True), (2, 1, 4,
                     (1, 4, 4, False)]
 DOWN_VARIANTS = [(2, 1, 4, True), (2, 1, 6, True), (2, 4, 4, True), (2, 1, 4, False), (1, 1, 4, True),
                  (2, 4, 4, False)]
-SMS_WARPS = 132 * 12        # an H200's resident warps at 3 CTAs of 4 warps per multiprocessor
+# 12 warps on each of an H200's 132 multiprocessors: pick's split threshold is half of this, set from
+# the measured rows (Kimi TP-8 at 1 token: 128 warps, split 4 ways 2.5x faster; GLM-5.2 at 1 token:
+# 1024 warps, no split as fast; benchmarks/results/kernels.md, fifth session)
+SMS_WARPS = 132 * 12
 
 
 @functools.cache
@@ -41,8 +45,20 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool) -> tuple[
 
 
 def available(device: torch.device) -> bool:
-    """The kernel is built for Hopper (sm_90a) only; elsewhere the Triton kernel serves."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+    """The kernel is built for Hopper (sm_90a) only, and needs nvcc for its first build; elsewhere
+    (or when the build fails, which is said once on stderr) the Triton kernel serves."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0) and _builds()
+
+
+@functools.cache
+def _builds() -> bool:
+    try:
+        _ext()
+    except Exception as ex:       # no nvcc, no ninja, a compiler error: fall back, do not fail serving
+        print(f"kq: the CUDA decode MoE kernel did not build ({type(ex).__name__}: {str(ex)[:200]}); "
+              f"the Triton kernel serves instead", file=sys.stderr)
+        return False
+    return True
 
 
 def decode_size(pairs: int, experts: int) -> bool:
