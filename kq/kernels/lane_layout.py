@@ -1,14 +1,12 @@
-"""Lane layout: the weight layout of the experimental CUDA decode kernel (kq/kernels/cuda/).
+"""Lane layout: the weight layout of the CUDA decode MoE kernel (kq/kernels/cuda/, cuda_lanes.py),
+which Triton's MoE kernel also reads (LANE in gemm_kernel.py), so a layer holds one layout.
 
-Work in progress (branch cuda-decode-wip): not used by any default path yet.
-
-Why another layout. The Triton kernel is bound by executing its instructions, not by memory
-(benchmarks/results/kernels.md, fourth session): per warp and 128-input block it spends ~330
-instructions, of which the weight path through shared memory (cp.async, barrier, ld.shared
-into the tensor-core fragment) and the CTA-wide barriers are a large part. Here every lane reads
-the four 32-bit words it needs for a whole 128-input block with one 16-byte global load, straight
-into the registers of its mma.sync B fragments, and the four warps of a CTA never wait for each
-other: no shared memory, no barrier.
+Why another layout. Each lane of a warp copies the 16 bytes it needs of a 128-input block with one
+16-byte copy (cp.async into its own slot of a per-warp shared-memory ring, read back by the same
+lane only: no barrier) and its dequantising lop3s build the tensor core's A fragment in place.
+The Triton kernel on the tiles layout was bound by executing its dequantisation and its CTA-wide
+barriers (benchmarks/results/kernels.md, fourth session); this layout is what made the CUDA kernel
+possible (fifth session: 1.2-1.4x the Triton kernel at decode).
 
 Per matrix W [N, K] (stored nibble c = q + 8, K padded to a multiple of 128 with nibble 8):
     words  [N/8, KB, 8, 4, 4] int32   (n-tile of 8 columns, 128-input block, column c in the tile,
