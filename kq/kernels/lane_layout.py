@@ -6,7 +6,7 @@ Why another layout. Each lane of a warp copies the 16 bytes it needs of a 128-in
 lane only: no barrier) and its dequantising lop3s build the tensor core's A fragment in place.
 The Triton kernel on the tiles layout was bound by executing its dequantisation and its CTA-wide
 barriers (benchmarks/results/kernels.md, fourth session); this layout is what made the CUDA kernel
-possible (fifth session: 1.2-1.4x the Triton kernel at decode).
+possible (fifth session: 1.15-1.5x the Triton kernel at 16-64 tokens).
 
 Per matrix W [N, K] (stored nibble c = q + 8, K padded to a multiple of 128 with nibble 8):
     words  [N/8, KB, 8, 4, 4] int32   (n-tile of 8 columns, 128-input block, column c in the tile,
