@@ -283,10 +283,11 @@ def lanes_case(base, e, h, i, m, topk, group, tis, tw, a, touched):
     public kq.kernels.fused_moe_w4a16 (CUDA at decode sizes, Triton's LANE mode above), and above
     decode sizes Triton's LANE gate+up alone (beside kq_g* on the tiles layout)."""
     from kq.kernels import cuda_lanes, fused_moe_w4a16
+    from kq.kernels.moe_routing import decode_size
     try:
         lm = random_lane_moe(e, h, i, group)
         bpw = 0.5 + 2 / group
-        decode = cuda_lanes.decode_size(m * topk, e)
+        decode = decode_size(m * topk, e)
         if decode:
             rts = [kops.moe_align(t, e, 8) for t in tis]
             act = torch.randn(m * topk, i, device=DEV, dtype=torch.bfloat16)

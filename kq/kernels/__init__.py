@@ -19,7 +19,7 @@ import os
 import torch
 
 from . import reference
-from .layout import PrepackedLinear, PrepackedMoE, prepack_linear, prepack_moe
+from .layout import PrepackedLinear, PrepackedMoE, lane_fits, prepack_linear, prepack_moe
 
 __all__ = ["PrepackedLinear", "PrepackedMoE", "prepack_linear", "prepack_moe", "w4a16_linear",
            "fused_moe_w4a16", "reference", "triton_available", "lanes_available", "moe_lane_layout"]
@@ -55,7 +55,7 @@ def moe_lane_layout(device: torch.device, hidden: int, intermediate: int) -> boo
     choice = os.environ.get("KQ_MOE_LAYOUT", "auto")
     if choice not in MOE_LAYOUTS:
         raise ValueError(f"KQ_MOE_LAYOUT={choice!r}: expected one of {', '.join(MOE_LAYOUTS)}")
-    fits = hidden % 16 == 0 and intermediate % 16 == 0
+    fits = lane_fits(hidden, intermediate)
     if choice == "lane" and not fits:
         raise ValueError(f"KQ_MOE_LAYOUT=lane: hidden {hidden} and intermediate {intermediate} per rank must "
                          f"be multiples of 16 for the lane layout")
@@ -65,7 +65,8 @@ def moe_lane_layout(device: torch.device, hidden: int, intermediate: int) -> boo
 
 
 def _lanes_for(x: torch.Tensor, pp: PrepackedMoE, pairs: int) -> bool:
-    from .cuda_lanes import available, decode_size
+    from .cuda_lanes import available
+    from .moe_routing import decode_size
     return available(x.device) and decode_size(pairs, pp.num_experts)
 
 

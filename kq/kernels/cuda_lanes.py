@@ -61,12 +61,6 @@ def _builds() -> bool:
     return True
 
 
-def decode_size(pairs: int, experts: int) -> bool:
-    """Routed blocks hold <= 8 pairs and every block reads its expert's whole weight: the kernel is
-    for decode, where an expert gets a few pairs (the same bound as the Triton decode tiles)."""
-    return pairs <= 4 * experts
-
-
 def _run(a, q, s, out, routing, K, n_tiles, n_tiles_all, up_tiles, a_row_div, gated, group, variant, experts):
     pairs, be, bs, bc = routing
     nt, ks, stages, fold = variant or pick(pairs.numel(), experts, n_tiles, q.shape[2], gated)

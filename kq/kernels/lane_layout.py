@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from .layout import PACK_K, unpack_checkpoint_nibbles
+from .layout import PACK_K, _check_group, unpack_checkpoint_nibbles
 
 TILE = 8           # columns per n-tile (the n of mma.m16n8k16)
 STEPS = PACK_K // 16
@@ -59,8 +59,7 @@ def lane_pack(packed: torch.Tensor, scale: torch.Tensor, group: int) -> tuple[to
     K = K8 * 8
     if N % TILE:
         raise ValueError(f"lane_pack: {N} outputs is not a multiple of {TILE}")
-    if group not in (32, 64, 128) or K % group:
-        raise ValueError(f"lane_pack: group {group} does not fit {K} inputs")
+    _check_group(group, K, "lane_pack")
     KB = -(-K // PACK_K)
     Kp = KB * PACK_K
     dev = packed.device

@@ -138,6 +138,12 @@ class PrepackedMoE:
     lane: bool = False
 
 
+def lane_fits(hidden: int, intermediate: int) -> bool:
+    """The lane layout's shapes: the CUDA decode kernel works on pairs of 8-column n-tiles of every
+    matrix, so the hidden and intermediate sizes must be multiples of 16."""
+    return hidden % 16 == 0 and intermediate % 16 == 0
+
+
 def prepack_linear(weight_packed: torch.Tensor, weight_scale: torch.Tensor, group: int) -> PrepackedLinear:
     """weight_packed [N, K/8] int32, weight_scale [N, K/g] -> PrepackedLinear."""
     if weight_packed.dtype != torch.int32 or weight_packed.dim() != 2:
@@ -177,8 +183,7 @@ def _lane_moe_tensors(w13_packed, w13_scale, w2_packed, w2_scale, group: int, H:
     """prepack_moe's lane-layout branch: the checks lane_pack leaves out, then lane_pack per matrix."""
     # imported here: lane_layout imports this module
     from .lane_layout import lane_pack
-    if I % 16 or H % 16:
-        # the CUDA decode kernel (cuda_lanes.py) works on pairs of 8-column n-tiles of every matrix
+    if not lane_fits(H, I):
         raise ValueError(f"prepack_moe(lane=True): intermediate size {I} and hidden size {H} must both be "
                          f"multiples of 16 for the lane layout")
     for name, packed, scale in (("w13", w13_packed, w13_scale), ("w2", w2_packed, w2_scale)):

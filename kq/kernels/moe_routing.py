@@ -12,6 +12,13 @@ import triton
 import triton.language as tl
 
 
+def decode_size(num_pairs: int, num_experts: int) -> bool:
+    """Decode-sized MoE step: <= 4 routed pairs per expert on average. Both MoE paths switch here:
+    Triton's BLOCK_M 16 tiles (triton_ops.moe_configs) and the CUDA lane kernel, whose 8-pair blocks
+    each read their expert's whole weight (cuda_lanes)."""
+    return num_pairs <= 4 * num_experts
+
+
 def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
     """Upper bound of sum_e ceil(count_e / BLOCK_M) over any routing of num_pairs pairs."""
     return max(1, (num_pairs + min(num_pairs, num_experts) * (block_m - 1)) // block_m)

@@ -16,7 +16,7 @@ import triton
 from .gemm_kernel import dequant_kernel, splitk_reduce_kernel, w4a16_gemm_kernel
 from .layout import PACK_K, PrepackedLinear, PrepackedMoE
 from .moe_combine import combine_topk_kernel
-from .moe_routing import max_blocks, moe_align_kernel
+from .moe_routing import decode_size, max_blocks, moe_align_kernel
 
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -74,7 +74,7 @@ def moe_configs(pairs: int, e: int, h: int, i: int, sms: int, group: int = 128) 
     Decode (<= 4 pairs per expert on average): BLOCK_M 16, gate+up split over K until the
     grid covers the SMs twice; down with BLOCK_N 128 at group >= 64 (64 at group 32, whose
     per-group scale work favours narrower tiles). Prefill: BLOCK_M 64 on 8 warps."""
-    if pairs <= 4 * e:
+    if decode_size(pairs, e):
         split1 = _split_for(max_blocks(pairs, e, 16) * triton.cdiv(i, 64), -(-h // PACK_K), sms)
         return TileConfig(16, 64, split1), TileConfig(16, 128 if group >= 64 else 64, 1)
     return TileConfig(64, 64, 1, 8), TileConfig(64, 128, 1, 8)
