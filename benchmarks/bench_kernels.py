@@ -462,6 +462,8 @@ def dense_case(name, n, k, ms, peers, groups=(128,), kq=True, sweep=False):
                     log({**base, "kind": f"kq_g{group}_sweep", "us": round(us, 2),
                          "GBps": round(n * k * bpw / us / 1e3, 1), "cfg": tc.__dict__})
             del ws
+            if LANES:
+                dense_lanes(base, a, n, k, m, group, copies)
         if "dense" not in peers:
             continue
         copies = max(2, min(24, int(2e9 // (n * k * 2))))
@@ -497,6 +499,32 @@ def dense_case(name, n, k, ms, peers, groups=(128,), kq=True, sweep=False):
         torch.cuda.empty_cache()
 
 
+def dense_lanes(base, a, n, k, m, group, copies):
+    """A lane-layout linear (random words): every dense instance of the CUDA kernel up to
+    LANE_LINEAR_MAX_ROWS rows ("picked" marks cuda_lanes.pick_dense), and the public
+    kq.kernels.w4a16_linear at every M (the CUDA kernel, or Triton's LANE mode / dequantise + cuBLAS)."""
+    from kq.kernels import LANE_LINEAR_MAX_ROWS, cuda_lanes, w4a16_linear
+    try:
+        bpw = 0.5 + 2 / group
+        kb = -(-k // PACK_K)
+        ws = [PrepackedLinear(torch.randint(-2**31, 2**31 - 1, (n // 8, kb, 8, 4, 4), device=DEV, dtype=torch.int32),
+                              (torch.rand(n // 8, 8, kb * PACK_K // group, device=DEV) * 1e-2 + 1e-3).to(torch.bfloat16),
+                              n, k, group, lane=True) for _ in range(copies)]
+        if m <= LANE_LINEAR_MAX_ROWS:
+            pick = cuda_lanes.pick_dense(m, n // 8, kb)
+            for v in cuda_lanes.DENSE_VARIANTS:
+                us = graph_us([lambda w=w: cuda_lanes.linear(a, w, v) for w in ws])
+                log({**base, "kind": f"lanes_dense_g{group}_n{v[0]}k{v[1]}s{v[2]}", "us": round(us, 2),
+                     "GBps": round(n * k * bpw / us / 1e3, 1), "picked": v == pick})
+        us = graph_us([lambda w=w: w4a16_linear(a, w) for w in ws])
+        log({**base, "kind": f"kq_lane_g{group}", "us": round(us, 2), "GBps": round(n * k * bpw / us / 1e3, 1),
+             "TFLOPs": round(2 * m * n * k / us / 1e6, 1)})
+        del ws
+    except Exception as ex:
+        traceback.print_exc()
+        log({**base, "kind": f"kq_lane_g{group}", "error": repr(ex)[:300]})
+
+
 MOE_SHAPES = {  # name: (E, H, I)
     "kimi_tp8": (384, 7168, 256),
     "glm52": (256, 6144, 2048),
@@ -515,6 +543,7 @@ def main():
     ap.add_argument("--dense-m", default="1,16,64,512,4096")
     ap.add_argument("--sweep", action="store_true", help="also try a grid of kq tile configs (stage 1)")
     ap.add_argument("--skip-dense", action="store_true")
+    ap.add_argument("--skip-moe", action="store_true")
     ap.add_argument("--no-kq", action="store_true", help="peers only")
     ap.add_argument("--warm-marlin", action="store_true")
     ap.add_argument("--tag", default="")
@@ -548,7 +577,7 @@ def main():
     cp, rd = bandwidth_tbps()
     env["copy_TBps_rw"], env["read_TBps"] = round(cp, 3), round(rd, 3)
     print(json.dumps(env), flush=True)
-    for m in [int(t) for t in args.tokens.split(",")]:
+    for m in [] if args.skip_moe else [int(t) for t in args.tokens.split(",")]:
         for name in args.moe.split(","):
             e, h, i = MOE_SHAPES[name]
             try:

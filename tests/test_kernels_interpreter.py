@@ -55,6 +55,38 @@ def test_dense_kernel_matches_reference(m, n, k, group, cfg):
     assert _rel(got, want) < 8e-3
 
 
+@pytest.mark.parametrize("m,n,k,group,cfg", [
+    (3, 80, 256, 32, None),                               # N not a multiple of the tile
+    (1, 48, 192, 64, None),                               # K padded to 256
+    (17, 64, 384, 128, ops.TileConfig(16, 32, 3)),       # odd M over two row blocks, split-K 3
+])
+def test_dense_kernel_reads_the_lane_layout(m, n, k, group, cfg):
+    # a lane-layout linear (E = 1 of the MoE's lane layout) through the Triton kernel's LANE mode,
+    # against the reference on the tiles layout of the same checkpoint tensors
+    gen = torch.Generator().manual_seed(m * n + k + 1)
+    p, s = _weights(1, n, k, group, gen)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    got = ops.w4a16_linear(x, prepack_linear(p[0], s[0], group, lane=True), config=cfg)
+    assert got.shape == (m, n)
+    assert _rel(got, reference.w4a16_linear(x, prepack_linear(p[0], s[0], group))) < 8e-3
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_lane_dequantisation_is_the_tiles_one(group):
+    # the large-M path (dequantise once, then a matmul) of a lane-layout linear: its bf16 W^T equals
+    # the tiles layout's byte for byte, K padded (320 -> 384 below group 128) and N past the last
+    # 128-wide program
+    gen = torch.Generator().manual_seed(group)
+    k = 320 if group < 128 else 384
+    p, s = _weights(1, 144, k, group, gen)
+    lane, tiles = prepack_linear(p[0], s[0], group, lane=True), prepack_linear(p[0], s[0], group)
+    wt = ops.dequantize(lane)
+    assert wt.shape == (k, 144) and torch.equal(wt, ops.dequantize(tiles))
+    x = torch.randn(3, k, generator=gen).to(torch.bfloat16)
+    got = ops.w4a16_linear(x, lane, dequant_min_m=1)
+    assert _rel(got, reference.w4a16_linear(x, tiles)) < 8e-3
+
+
 @pytest.mark.parametrize("fold", [True, False])
 @pytest.mark.parametrize("masks", [True, False])
 @pytest.mark.parametrize("group", [32, 128])

@@ -96,3 +96,35 @@ def test_public_moe_on_the_lane_layout_picks_the_kernel_by_size(E, T, k, path):
     got = fused_moe_w4a16(x, lm, tw, ids)
     want = reference.fused_moe_w4a16(x, prepack_moe(p13, s13, p2, s2, group), tw, ids)
     assert _rel(got, want) < 1.5e-2
+
+
+@pytest.mark.parametrize("variant", lanes.DENSE_VARIANTS)
+@pytest.mark.parametrize("group", [128, 64, 32])
+@pytest.mark.parametrize("m", [1, 13, 64])
+def test_every_dense_instance_matches_float64(variant, group, m):
+    """The dense instances (one matrix, rows in blocks of 8): N = 208 (26 n-tiles, not a multiple of
+    the 4 or 8 a column group takes), K of 5 blocks or (below group 128) 3.5, output poisoned."""
+    from kq.kernels import prepack_linear
+    gen = torch.Generator(device=DEV).manual_seed(group + m + sum(variant))
+    n, k = 208, 640 if group == 128 else 448
+    p, s, w = _weights(1, n, k, group, gen)
+    lin = prepack_linear(p[0], s[0], group, lane=True)
+    x = (torch.randn(m, k, generator=gen, device=DEV) + 1.0).to(torch.bfloat16)
+    y = lanes.linear(x, lin, variant, out=torch.full((m, n), float("nan"), device=DEV, dtype=torch.bfloat16))
+    assert _rel(y, x.double() @ w[0].t()) < 1e-2
+
+
+@pytest.mark.parametrize("m,path", [(1, "cuda"), (64, "cuda"), (65, "triton"), (300, "dequant")])
+def test_public_linear_on_the_lane_layout(m, path):
+    """kq.kernels.w4a16_linear on a lane-layout linear, 3-D input: the CUDA kernel up to
+    LANE_LINEAR_MAX_ROWS rows, Triton's LANE mode above, dequantise + cuBLAS from 256 rows; all
+    against the reference on the tiles layout."""
+    from kq.kernels import LANE_LINEAR_MAX_ROWS, prepack_linear, w4a16_linear
+    from kq.kernels.triton_ops import DEQUANT_GEMM_MIN_M
+    assert (m <= LANE_LINEAR_MAX_ROWS) == (path == "cuda") and (m >= DEQUANT_GEMM_MIN_M) == (path == "dequant")
+    gen = torch.Generator(device=DEV).manual_seed(m)
+    p, s, _ = _weights(1, 1024, 768, 64, gen)
+    x = torch.randn(1, m, 768, generator=gen, device=DEV).to(torch.bfloat16)
+    got = w4a16_linear(x, prepack_linear(p[0], s[0], 64, lane=True))
+    assert got.shape == (1, m, 1024)
+    assert _rel(got, reference.w4a16_linear(x, prepack_linear(p[0], s[0], 64))) < 8e-3

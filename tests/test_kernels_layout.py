@@ -85,18 +85,30 @@ def test_prepack_refuses_bad_group_and_shapes_with_one_clear_message():
         prepack_moe(packed.float(), scale, packed, scale, 64)
 
 
-@pytest.mark.parametrize("group", [32, 128])
-def test_reference_linear_matches_float64(group):
+@pytest.mark.parametrize("lane", [False, True])
+@pytest.mark.parametrize("group", [32, 64])
+def test_reference_linear_matches_float64(group, lane):
     gen = torch.Generator().manual_seed(1)
-    nib, packed, scale = _ckpt(1, 48, 256, group, gen)
-    lin = prepack_linear(packed[0], scale[0], group)
-    x = torch.randn(2, 3, 256, generator=gen).to(torch.bfloat16)
+    nib, packed, scale = _ckpt(1, 48, 320, group, gen)      # K = 320: the lane layout pads it to 384
+    lin = prepack_linear(packed[0], scale[0], group, lane=lane)
+    assert lin.lane == lane
+    if lane:
+        assert lin.q.shape == (6, 3, 8, 4, 4) and lin.s.shape == (6, 8, 384 // group)
+    x = torch.randn(2, 3, 320, generator=gen).to(torch.bfloat16)
     want = x.double() @ _dequant64(nib, scale, group)[0].t()
     got = w4a16_linear(x, lin)                      # CPU -> the reference
     assert got.shape == (2, 3, 48) and got.dtype == torch.bfloat16
     assert ((got.double() - want).norm() / want.norm()).item() < 4e-3
-    with pytest.raises(ValueError, match="x has 128 input features, the weight 256"):
+    with pytest.raises(ValueError, match="x has 128 input features, the weight 320"):
         w4a16_linear(x[..., :128], lin)
+
+
+def test_lane_linear_needs_a_multiple_of_16_outputs():
+    gen = torch.Generator().manual_seed(2)
+    _, packed, scale = _ckpt(1, 40, 128, 128, gen)
+    assert prepack_linear(packed[0], scale[0], 128).out_features == 40     # the tiles layout takes it
+    with pytest.raises(ValueError, match=r"prepack_linear\(lane=True\): 40 outputs is not a multiple of 16"):
+        prepack_linear(packed[0], scale[0], 128, lane=True)
 
 
 def _moe64(x, nib13, s13, nib2, s2, group, tw, ids, emap, rsf):

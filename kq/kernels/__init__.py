@@ -2,7 +2,8 @@
 
 Public API (CUDA tensors run the Triton kernels, and on Hopper a lane-layout MoE at decode sizes the
 CUDA kernel of cuda_lanes.py; anything else the torch reference):
-    prepack_linear(weight_packed [N, K/8] int32, weight_scale [N, K/g], group) -> PrepackedLinear
+    prepack_linear(weight_packed [N, K/8] int32, weight_scale [N, K/g], group, lane=False) -> PrepackedLinear
+                (lane=True: the lane layout, which the CUDA kernel reads for up to 64 rows on Hopper)
     prepack_moe(w13_packed [E, 2I, H/8], w13_scale [E, 2I, H/g], w2_packed [E, H, I/8],
                 w2_scale [E, H, I/g], group, lane=False) -> PrepackedMoE
                 (lane=True: the CUDA decode kernel's lane layout, which the Triton MoE path also reads)
@@ -70,11 +71,20 @@ def _lanes_for(x: torch.Tensor, pp: PrepackedMoE, pairs: int) -> bool:
     return available(x.device) and decode_size(pairs, pp.num_experts)
 
 
+# A lane-layout linear runs the CUDA kernel (cuda_lanes.linear) up to this many rows on Hopper, the
+# Triton kernels above (tiles of up to 32 rows, then dequantise + cuBLAS)
+LANE_LINEAR_MAX_ROWS = 64
+
+
 def w4a16_linear(x: torch.Tensor, w: PrepackedLinear) -> torch.Tensor:
     """y = x @ W^T with W the int4 weight of `w`."""
     if x.shape[-1] != w.in_features:
         raise ValueError(f"w4a16_linear: x has {x.shape[-1]} input features, the weight {w.in_features}")
     if _use_triton(x):
+        rows = x.numel() // x.shape[-1]
+        if w.lane and rows <= LANE_LINEAR_MAX_ROWS and lanes_available(x.device):
+            from .cuda_lanes import linear
+            return linear(x.reshape(rows, -1).contiguous(), w).reshape(*x.shape[:-1], w.out_features)
         from .triton_ops import w4a16_linear as fast
         return fast(x, w)
     return reference.w4a16_linear(x, w)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .layout import PrepackedMoE
+from .layout import PrepackedLinear, PrepackedMoE
 
 _SRC = Path(__file__).with_name("cuda")
 _SOURCES = ["moe_lanes_binding.cpp", "moe_lanes_launch.cu", "moe_lanes_g128.cu", "moe_lanes_g64.cu", "moe_lanes_g32.cu"]
@@ -21,6 +21,8 @@ GATE_UP_VARIANTS = [(1, 1, 4, True), (1, 1, 6, True), (1, 4, 4, True), (2, 1, 4,
                     (1, 4, 4, False)]
 DOWN_VARIANTS = [(2, 1, 4, True), (2, 1, 6, True), (2, 4, 4, True), (2, 1, 4, False), (1, 1, 4, True),
                  (2, 4, 4, False)]
+# (NT, KSPLIT, STAGES) of the dense instances (one matrix, no routing; FOLD on): KQ_LANES_DENSE_VARIANTS
+DENSE_VARIANTS = [(1, 1, 4), (2, 1, 4), (1, 2, 4), (2, 2, 4), (1, 4, 4), (2, 4, 4)]
 # 12 warps on each of an H200's 132 multiprocessors: pick's split threshold is half of this, set from
 # the measured rows (Kimi TP-8 at 1 token: 128 warps, split 4 ways 2.5x faster; GLM-5.2 at 1 token:
 # 1024 warps, no split as fast; benchmarks/results/kernels.md, fifth session)
@@ -42,6 +44,13 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool) -> tuple[
     warps = min(pairs, experts) * -(-n_tiles // (2 * nt))
     ks = 4 if warps < SMS_WARPS // 2 and kb >= 16 else 1
     return nt, ks, 4, True
+
+
+def pick_dense(rows: int, n_tiles: int, kb: int) -> tuple[int, int, int]:
+    """(NT, KSPLIT, STAGES) for a dense linear: the MoE rule with one expert and rows in blocks of 8."""
+    warps = -(-rows // 8) * -(-n_tiles // 4)
+    ks = 4 if warps < SMS_WARPS // 2 and kb >= 16 else 2 if warps < SMS_WARPS and kb >= 8 else 1
+    return 2, ks, 4
 
 
 def available(device: torch.device) -> bool:
@@ -102,3 +111,18 @@ def fused_moe_lanes(x: torch.Tensor, pp: PrepackedMoE, topk_weights: torch.Tenso
     routing = moe_align(topk_ids, pp.num_experts, 8, expert_map)
     y = moe_down(moe_gate_up(x, pp, routing, k), pp, routing)
     return combine_topk(y, topk_ids, topk_weights, expert_map, routed_scaling_factor)
+
+
+def linear(x: torch.Tensor, w: PrepackedLinear, variant: tuple[int, int, int] | None = None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ W^T for a lane-layout linear (prepack_linear(lane=True)); x [M, K] bf16, any M (every
+    8 rows re-read the weights, from L2 when the CTAs of a column group run together)."""
+    if not w.lane:
+        raise ValueError("cuda_lanes.linear: the weight must be prepacked with lane=True")
+    m = x.shape[0]
+    y = out if out is not None else torch.empty(m, w.out_features, dtype=x.dtype, device=x.device)
+    nt, ks, stages = variant or pick_dense(m, w.q.shape[0], w.q.shape[1])
+    rc = _ext().launch_dense(x, w.q, w.s, y, w.in_features, w.group, nt, ks, stages)
+    if rc != 0:
+        raise RuntimeError(f"kq_dense_lanes_launch failed ({rc})")
+    return y

@@ -356,3 +356,28 @@ def dequant_kernel(q_ptr, stride_qk, s_ptr, stride_sg, w_ptr, stride_wk, N, K,
             c = ((w >> (4 * (j + 4 * i))) & 0xF).to(tl.float32) - 8.0
             tl.store(w_ptr + kk[:, None].to(tl.int64) * stride_wk + offs_n[None, :],
                      (c * s[None, :]).to(tl.bfloat16), mask=(kk < K)[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def dequant_lane_kernel(q_ptr, stride_tile, s_ptr, stride_col, w_ptr, stride_wk, N, K,
+                        GROUP: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Lane-layout int4 (lane_layout.lane_pack, one matrix) -> bf16 W^T [K, N], one 128-input
+    block per program row: the large-M path of a lane-layout linear, like dequant_kernel. Word
+    column wd of a block is inputs 128 kb + 32 wd .. +31 (code row r -> input k_r, as in _lane_loop)."""
+    kb = tl.program_id(1)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    col_off = (offs_n // 8) * stride_tile + (offs_n % 8) * 16
+    t4 = tl.arange(0, 4)
+    m8 = tl.arange(0, 8)
+    shifts = 4 * (m8 // 2 + 4 * (m8 % 2))
+    r = tl.arange(0, 32)
+    k_r = 16 * ((r % 8) // 4) + 4 * (r // 8) + 2 * ((r // 2) % 2) + r % 2
+    for wd in tl.static_range(4):
+        w = tl.load(q_ptr + col_off[None, :] + (kb * 128 + 4 * t4 + wd)[:, None], mask=n_mask[None, :], other=0)
+        c = tl.reshape((w[:, None, :] >> shifts[None, :, None]) & 0xF, (32, BLOCK_N)).to(tl.float32) - 8.0
+        g = (kb * 128 + wd * 32) // GROUP
+        s = tl.load(s_ptr + offs_n * stride_col + g, mask=n_mask, other=0.0).to(tl.float32)
+        kk = kb * 128 + wd * 32 + k_r
+        tl.store(w_ptr + kk[:, None].to(tl.int64) * stride_wk + offs_n[None, :],
+                 (c * s[None, :]).to(tl.bfloat16), mask=(kk < K)[:, None] & n_mask[None, :])

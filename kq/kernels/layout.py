@@ -107,12 +107,17 @@ def dequantize_prepacked(q: torch.Tensor, s: torch.Tensor, k: int, group: int,
 
 @dataclass(frozen=True)
 class PrepackedLinear:
-    """One W4A16 linear in kernel layout. q [Kp/8, N] int32, s [Kp/g, N] bf16; y = x @ W^T."""
+    """One W4A16 linear in kernel layout. q [Kp/8, N] int32, s [Kp/g, N] bf16; y = x @ W^T.
+
+    lane: when True, q [N/8, Kp/128, 8, 4, 4] and s [N/8, 8, Kp/g] are the lane layout
+    (lane_layout.lane_pack of one matrix), read by the CUDA kernel for few rows on Hopper and by the
+    Triton kernels otherwise."""
     q: torch.Tensor
     s: torch.Tensor
     out_features: int
     in_features: int
     group: int
+    lane: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,12 +149,20 @@ def lane_fits(hidden: int, intermediate: int) -> bool:
     return hidden % 16 == 0 and intermediate % 16 == 0
 
 
-def prepack_linear(weight_packed: torch.Tensor, weight_scale: torch.Tensor, group: int) -> PrepackedLinear:
-    """weight_packed [N, K/8] int32, weight_scale [N, K/g] -> PrepackedLinear."""
+def prepack_linear(weight_packed: torch.Tensor, weight_scale: torch.Tensor, group: int,
+                   lane: bool = False) -> PrepackedLinear:
+    """weight_packed [N, K/8] int32, weight_scale [N, K/g] -> PrepackedLinear (lane=True: the lane
+    layout, N a multiple of 16: what the CUDA kernel reads at M = 1..64 on Hopper)."""
     if weight_packed.dtype != torch.int32 or weight_packed.dim() != 2:
         raise ValueError(f"prepack_linear: weight_packed must be 2-D int32, got {weight_packed.dim()}-D "
                          f"{weight_packed.dtype}")
     N, K8 = weight_packed.shape
+    if lane:
+        from .lane_layout import lane_pack      # imported here: lane_layout imports this module
+        if N % 16:
+            raise ValueError(f"prepack_linear(lane=True): {N} outputs is not a multiple of 16")
+        q, s = lane_pack(weight_packed.unsqueeze(0), weight_scale.unsqueeze(0), group)
+        return PrepackedLinear(q=q[0], s=s[0], out_features=N, in_features=K8 * 8, group=group, lane=True)
     q, s = prepack_matrix(weight_packed.unsqueeze(0), weight_scale.unsqueeze(0), group)
     return PrepackedLinear(q=q[0], s=s[0], out_features=N, in_features=K8 * 8, group=group)
 

@@ -12,7 +12,8 @@ from .layout import PrepackedLinear, PrepackedMoE, dequantize_prepacked
 
 def w4a16_linear(x: torch.Tensor, w: PrepackedLinear) -> torch.Tensor:
     """x [..., K] -> [..., N] in x.dtype."""
-    W = dequantize_prepacked(w.q.unsqueeze(0), w.s.unsqueeze(0), w.in_features, w.group)[0]   # [N, K]
+    dequant = dequantize_lane if w.lane else dequantize_prepacked
+    W = dequant(w.q.unsqueeze(0), w.s.unsqueeze(0), w.in_features, w.group)[0]              # [N, K]
     return (x.float() @ W.t()).to(x.dtype)
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from .gemm_kernel import dequant_kernel, splitk_reduce_kernel, w4a16_gemm_kernel
+from .gemm_kernel import dequant_kernel, dequant_lane_kernel, splitk_reduce_kernel, w4a16_gemm_kernel
 from .layout import PACK_K, PrepackedLinear, PrepackedMoE
 from .moe_combine import combine_topk_kernel
 from .moe_routing import decode_size, max_blocks, moe_align_kernel
@@ -95,7 +95,8 @@ def _lane_strides(q, s, kblocks: int) -> tuple[int, int, int, int]:
 
 def _launch_gemm(a, q, s, out, k, n, group, cfg: TileConfig, *, rows=0, routing=None, a_row_div=1,
                  gated=False, up_offset=0, lane=False):
-    """lane: q, s in the lane layout (MoE only); up_offset is up's first column in either layout."""
+    """lane: q, s in the lane layout ([E, ...]; a dense linear's with E = 1); up_offset is up's first
+    column in either layout."""
     kblocks = -(-k // PACK_K)
     if kblocks % cfg.split_k:
         raise ValueError(f"split_k {cfg.split_k} does not divide the {kblocks} K blocks of {PACK_K}")
@@ -141,8 +142,13 @@ def dequantize(w: PrepackedLinear) -> torch.Tensor:
     k, n = w.in_features, w.out_features
     wt = torch.empty(k, n, dtype=torch.bfloat16, device=w.q.device)
     block_n = 128
-    dequant_kernel[(triton.cdiv(n, block_n), -(-k // PACK_K))](
-        w.q, w.q.stride(0), w.s, w.s.stride(0), wt, wt.stride(0), n, k, GROUP=w.group, BLOCK_N=block_n)
+    grid = (triton.cdiv(n, block_n), -(-k // PACK_K))
+    if w.lane:
+        dequant_lane_kernel[grid](w.q, w.q.stride(0), w.s, w.s.stride(1), wt, wt.stride(0), n, k, GROUP=w.group,
+                                  BLOCK_N=block_n)
+    else:
+        dequant_kernel[grid](w.q, w.q.stride(0), w.s, w.s.stride(0), wt, wt.stride(0), n, k, GROUP=w.group,
+                             BLOCK_N=block_n)
     return wt
 
 
@@ -156,11 +162,13 @@ def w4a16_linear(x: torch.Tensor, w: PrepackedLinear, *, config: TileConfig | No
         return (x2 @ dequantize(w)).reshape(*x.shape[:-1], n)
     cfg = config or dense_config(m, n, k, _num_sms(x.device))
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    # the lane layout is the MoE's [E, ...] with one expert
+    q, s = (w.q.unsqueeze(0), w.s.unsqueeze(0)) if w.lane else (w.q, w.s)
     if cfg.split_k == 1:
-        _launch_gemm(x2, w.q, w.s, out, k, n, w.group, cfg, rows=m)
+        _launch_gemm(x2, q, s, out, k, n, w.group, cfg, rows=m, lane=w.lane)
     else:
         part = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device)
-        _launch_gemm(x2, w.q, w.s, part, k, n, w.group, cfg, rows=m)
+        _launch_gemm(x2, q, s, part, k, n, w.group, cfg, rows=m, lane=w.lane)
         _reduce(part, out, m, n, gated=False)
     return out.reshape(*x.shape[:-1], n)
 

@@ -53,6 +53,7 @@ struct Params {
   const int* blk_start;
   const int* blk_count;
   int lda, ldo, K, kb_total, groups, n_tiles, n_tiles_all, up_tiles, a_row_div;
+  int rows;                    // DENSE: rows of a (one matrix, no routing table)
 };
 
 constexpr uint32_t NEG136 = 0xC308C308u;   // bf16x2 (-136, -136)
@@ -188,8 +189,20 @@ __device__ __forceinline__ void issue_w(uint32_t slot, const int4* const (&qb)[N
 // 128-input blocks between them (summed through shared memory at the end: the CTA's one barrier),
 // so a layer with few routed blocks or few columns (1 token; Kimi's TP-8 slice) still fills the GPU.
 // Dynamic shared memory: WARPS * STAGES * STREAMS * 512 bytes.
-template <int NT, bool GATED, int GROUP, int WARPS, int KSPLIT, int STAGES, bool FOLD, bool EVEN_K>
-__global__ void __launch_bounds__(32 * WARPS, NT * (GATED ? 2 : 1) > 2 ? 2 : (STAGES <= 6 && KSPLIT == 1 && GROUP == 128 ? 4 : 3)) moe_lanes_kernel(Params p) {
+// DENSE: one matrix (E = 1) and rows 8 blk .. 8 blk + 7 of a as the routed block, no routing table;
+// the grid is (row blocks, column groups) so the CTAs that read the same weights run side by side
+// and all but the first find them in L2.
+// Occupancy bound (CTAs per SM) for the register budget: 4 for the plain group-128 instances; 2 for
+// the widest tiles and for the MoE's K-split instances at group 32 (which spill at 3 CTAs' 168
+// registers; they run where few warps are resident anyway: cuda_lanes.pick); 3 otherwise.
+template <int NT, bool GATED, int GROUP, int KSPLIT, int STAGES, bool DENSE>
+constexpr int min_ctas() {
+  if (NT * (GATED ? 2 : 1) > 2 || (GROUP == 32 && KSPLIT > 1 && !DENSE)) return 2;
+  return STAGES <= 6 && KSPLIT == 1 && GROUP == 128 ? 4 : 3;
+}
+
+template <int NT, bool GATED, int GROUP, int WARPS, int KSPLIT, int STAGES, bool FOLD, bool EVEN_K, bool DENSE>
+__global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT, STAGES, DENSE>())) moe_lanes_kernel(Params p) {
   static_assert(STAGES % 2 == 0, "the activation sets alternate with the block's parity");
   constexpr int MATS = GATED ? 2 : 1;
   constexpr int STREAMS = NT * MATS * 2;
@@ -199,10 +212,12 @@ __global__ void __launch_bounds__(32 * WARPS, NT * (GATED ? 2 : 1) > 2 ? 2 : (ST
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int e = p.blk_expert[blockIdx.y];
+  const int blk = DENSE ? blockIdx.x : blockIdx.y;
+  const int e = DENSE ? 0 : p.blk_expert[blk];
   if (e < 0) return;                              // a block the routing did not use (uniform per CTA)
-  const int start = p.blk_start[blockIdx.y], count = p.blk_count[blockIdx.y];
-  const int cgroup = blockIdx.x * (WARPS / KSPLIT) + warp / KSPLIT;
+  const int start = DENSE ? 8 * blk : p.blk_start[blk];
+  const int count = DENSE ? min(8, p.rows - start) : p.blk_count[blk];
+  const int cgroup = (DENSE ? blockIdx.y : blockIdx.x) * (WARPS / KSPLIT) + warp / KSPLIT;
   const int kpart = warp % KSPLIT;
   const int pair0 = cgroup * NT;                  // 16-column tiles = pairs of 8-column n-tiles
   const bool active = 2 * pair0 < p.n_tiles;      // warps past the last column still meet the barrier
@@ -210,7 +225,8 @@ __global__ void __launch_bounds__(32 * WARPS, NT * (GATED ? 2 : 1) > 2 ? 2 : (ST
 
   // B: token g of the routed block (8-row blocks: moe_align block_m 8)
   const bool vr = g < count;
-  const __nv_bfloat16* xr = p.a + (size_t)((vr ? p.pairs[start + g] : 0) / p.a_row_div) * p.lda + 4 * t;
+  const int arow = DENSE ? (vr ? start + g : 0) : (vr ? p.pairs[start + g] : 0) / p.a_row_div;
+  const __nv_bfloat16* xr = p.a + (size_t)arow * p.lda + 4 * t;
   const int4* qb[NT][MATS][2];
   const __nv_bfloat16* sb[NT][MATS][2];
 #pragma unroll
@@ -279,7 +295,7 @@ __global__ void __launch_bounds__(32 * WARPS, NT * (GATED ? 2 : 1) > 2 ? 2 : (ST
   }
 
   // C fragment [16 columns x 8 rows]: c0, c1 = column g, rows 2t, 2t+1; c2, c3 = column g + 8
-  const int* rows_out = p.pairs + start;
+  const int* rows_out = DENSE ? nullptr : p.pairs + start;
 #pragma unroll
   for (int i = 0; i < NT; ++i) {
 #pragma unroll
@@ -296,7 +312,7 @@ __global__ void __launch_bounds__(32 * WARPS, NT * (GATED ? 2 : 1) > 2 ? 2 : (ST
           const float up = acc[i][MATS - 1][2 * c + j];
           y = y / (1.f + __expf(-y)) * up;
         }
-        p.out[(size_t)rows_out[row] * p.ldo + col] = __float2bfloat16_rn(y);
+        p.out[(size_t)(DENSE ? start + row : rows_out[row]) * p.ldo + col] = __float2bfloat16_rn(y);
       }
     }
   }
@@ -313,11 +329,11 @@ __global__ void __launch_bounds__(32 * WARPS, NT * (GATED ? 2 : 1) > 2 ? 2 : (ST
     constexpr int SMEM = kq_lanes_warps * STAGES_ * NT_ * (GATED_ ? 2 : 1) * 2 * 512;                    \
     const dim3 grid((n_tiles + 2 * NT_ * CG - 1) / (2 * NT_ * CG), n_blocks);                            \
     if (K % 128 == 0) {                                                                                  \
-      auto* k = kq_lanes::moe_lanes_kernel<NT_, GATED_, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, FOLD_, true>; \
+      auto* k = kq_lanes::moe_lanes_kernel<NT_, GATED_, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, FOLD_, true, false>; \
       cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);                        \
       k<<<grid, dim3(32 * kq_lanes_warps), SMEM, stream>>>(p);                                           \
     } else {                                                                                             \
-      auto* k = kq_lanes::moe_lanes_kernel<NT_, GATED_, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, FOLD_, false>; \
+      auto* k = kq_lanes::moe_lanes_kernel<NT_, GATED_, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, FOLD_, false, false>; \
       cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);                        \
       k<<<grid, dim3(32 * kq_lanes_warps), SMEM, stream>>>(p);                                           \
     }                                                                                                    \
@@ -332,9 +348,33 @@ constexpr int kq_lanes_warps = 4;
   KQ_LANES_TRY(2, false, G, 1, 4, true) KQ_LANES_TRY(2, false, G, 1, 6, true) KQ_LANES_TRY(2, false, G, 4, 4, true) \
   KQ_LANES_TRY(2, false, G, 1, 4, false) KQ_LANES_TRY(1, false, G, 1, 4, true) KQ_LANES_TRY(2, false, G, 4, 4, false)
 
+// dense instances (one matrix, no routing): grid (row blocks of 8, column groups)
+#define KQ_LANES_DENSE_TRY(NT_, GROUP_, KSPLIT_, STAGES_)                                                  \
+  if (nt == NT_ && ksplit == KSPLIT_ && stages == STAGES_) {                                             \
+    constexpr int CG = kq_lanes_warps / KSPLIT_;                                                         \
+    constexpr int SMEM = kq_lanes_warps * STAGES_ * NT_ * 2 * 512;                                       \
+    const dim3 grid((p.rows + 7) / 8, (n_tiles + 2 * NT_ * CG - 1) / (2 * NT_ * CG));                    \
+    auto* k = K % 128 == 0                                                                               \
+        ? kq_lanes::moe_lanes_kernel<NT_, false, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, true, true, true>   \
+        : kq_lanes::moe_lanes_kernel<NT_, false, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, true, false, true>; \
+    cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);                          \
+    k<<<grid, dim3(32 * kq_lanes_warps), SMEM, stream>>>(p);                                             \
+    return static_cast<int>(cudaGetLastError());                                                         \
+  }
+
+// (NT, KSPLIT, STAGES) of the dense instances, FOLD on (cuda_lanes.DENSE_VARIANTS)
+#define KQ_LANES_DENSE_VARIANTS(G)                                                                             \
+  KQ_LANES_DENSE_TRY(1, G, 1, 4) KQ_LANES_DENSE_TRY(2, G, 1, 4) KQ_LANES_DENSE_TRY(1, G, 2, 4)                \
+  KQ_LANES_DENSE_TRY(2, G, 2, 4) KQ_LANES_DENSE_TRY(1, G, 4, 4) KQ_LANES_DENSE_TRY(2, G, 4, 4)
+
 #define KQ_LANES_ENTRY(G)                                                                                       \
   int kq_moe_lanes_g##G(const kq_lanes::Params& p, int n_blocks, int K, int n_tiles, int gated, int nt,         \
                         int ksplit, int stages, int fold, cudaStream_t stream) {                                \
     KQ_LANES_VARIANTS(G)                                                                                        \
+    return -1;                                                                                                  \
+  }                                                                                                             \
+  int kq_dense_lanes_g##G(const kq_lanes::Params& p, int K, int n_tiles, int nt, int ksplit, int stages,        \
+                          cudaStream_t stream) {                                                                \
+    KQ_LANES_DENSE_VARIANTS(G)                                                                                  \
     return -1;                                                                                                  \
   }

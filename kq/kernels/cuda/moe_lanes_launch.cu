@@ -5,6 +5,9 @@
 int kq_moe_lanes_g128(const kq_lanes::Params&, int, int, int, int, int, int, int, int, cudaStream_t);
 int kq_moe_lanes_g64(const kq_lanes::Params&, int, int, int, int, int, int, int, int, cudaStream_t);
 int kq_moe_lanes_g32(const kq_lanes::Params&, int, int, int, int, int, int, int, int, cudaStream_t);
+int kq_dense_lanes_g128(const kq_lanes::Params&, int, int, int, int, int, cudaStream_t);
+int kq_dense_lanes_g64(const kq_lanes::Params&, int, int, int, int, int, cudaStream_t);
+int kq_dense_lanes_g32(const kq_lanes::Params&, int, int, int, int, int, cudaStream_t);
 
 // returns cudaGetLastError() of the launch, or -1 when no instance matches (n_tiles must be even)
 int kq_moe_lanes_launch(const void* a, const void* q, const void* s, void* out, const int* pairs,
@@ -15,13 +18,31 @@ int kq_moe_lanes_launch(const void* a, const void* q, const void* s, void* out, 
   const kq_lanes::Params p{static_cast<const __nv_bfloat16*>(a), static_cast<const int4*>(q),
                            static_cast<const __nv_bfloat16*>(s), static_cast<__nv_bfloat16*>(out), pairs,
                            blk_expert, blk_start, blk_count, lda, ldo, K, kb_total, groups, n_tiles,
-                           n_tiles_all, up_tiles, a_row_div};
+                           n_tiles_all, up_tiles, a_row_div, 0};
   if (n_tiles % 2) return -1;
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   switch (group) {
     case 128: return kq_moe_lanes_g128(p, n_blocks, K, n_tiles, gated, nt, ksplit, stages, fold, st);
     case 64: return kq_moe_lanes_g64(p, n_blocks, K, n_tiles, gated, nt, ksplit, stages, fold, st);
     case 32: return kq_moe_lanes_g32(p, n_blocks, K, n_tiles, gated, nt, ksplit, stages, fold, st);
+    default: return -1;
+  }
+}
+
+// one matrix, y [rows, N] = a [rows, K] W^T, no routing table (the kernel's DENSE instances)
+int kq_dense_lanes_launch(const void* a, const void* q, const void* s, void* out, int rows, int lda, int ldo,
+                          int K, int kb_total, int groups, int n_tiles, int group, int nt, int ksplit, int stages,
+                          void* stream) {
+  const kq_lanes::Params p{static_cast<const __nv_bfloat16*>(a), static_cast<const int4*>(q),
+                           static_cast<const __nv_bfloat16*>(s), static_cast<__nv_bfloat16*>(out), nullptr,
+                           nullptr, nullptr, nullptr, lda, ldo, K, kb_total, groups, n_tiles,
+                           n_tiles, 0, 1, rows};
+  if (n_tiles % 2 || rows <= 0) return -1;
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  switch (group) {
+    case 128: return kq_dense_lanes_g128(p, K, n_tiles, nt, ksplit, stages, st);
+    case 64: return kq_dense_lanes_g64(p, K, n_tiles, nt, ksplit, stages, st);
+    case 32: return kq_dense_lanes_g32(p, K, n_tiles, nt, ksplit, stages, st);
     default: return -1;
   }
 }
