@@ -519,6 +519,13 @@ def dense_lanes(base, a, n, k, m, group, copies):
         us = graph_us([lambda w=w: w4a16_linear(a, w) for w in ws])
         log({**base, "kind": f"kq_lane_g{group}", "us": round(us, 2), "GBps": round(n * k * bpw / us / 1e3, 1),
              "TFLOPs": round(2 * m * n * k / us / 1e6, 1)})
+        if m < kops.DEQUANT_GEMM_MIN_M:     # the Triton kernels on the lane layout (where the CUDA one is not)
+            us = graph_us([lambda w=w: kops.w4a16_linear(a, w) for w in ws])
+            log({**base, "kind": f"kq_lane_triton_g{group}", "us": round(us, 2),
+                 "GBps": round(n * k * bpw / us / 1e3, 1), "cfg": kops.dense_config(m, n, k, 132).__dict__})
+            us = graph_us([lambda w=w: kops.w4a16_linear(a, w, dequant_min_m=1) for w in ws])
+            log({**base, "kind": f"kq_lane_dequant_g{group}", "us": round(us, 2),
+                 "GBps": round(n * k * bpw / us / 1e3, 1)})
         del ws
     except Exception as ex:
         traceback.print_exc()

@@ -17,11 +17,12 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-p
 ( export CUDA_VISIBLE_DEVICES=1 PYTHONPATH=$PWD
   timeout 120 python3 -c "from kq.kernels import cuda_lanes; cuda_lanes._ext(); print('built')"
   echo "build rc $? after $(( $(date +%s) - T0 )) s"; touch "$R/built"
-  timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_lanes_gpu.py \
-    tests/test_kernels_gpu.py > "$R/pytest_gpu.log" 2>&1
+  # shellcheck disable=SC2086
+  timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider -m gpu ${TESTS:-tests/test_kernels_lanes_gpu.py \
+    tests/test_kernels_gpu.py} > "$R/pytest_gpu.log" 2>&1
   tail -3 "$R/pytest_gpu.log"; grep -E "^FAILED|Error" "$R/pytest_gpu.log" | head -10
   PYTHONPATH=/tmp/site-p:$PWD/.gpu/stubs:$PWD timeout "${PROBE_TIMEOUT:-200}" python3 benchmarks/moe_prefill_probe.py \
-    --out "$R" > "$R/prefill.log" 2>&1
+    --out "$R" ${PROBE_ARGS:-} > "$R/prefill.log" 2>&1
   echo "probe rc $? after $(( $(date +%s) - T0 )) s" ) > "$R/steps.log" 2>&1 &
 S=$!
 for _ in $(seq 150); do [ -f "$R/built" ] && break; sleep 1; done
@@ -29,13 +30,13 @@ for _ in $(seq 150); do [ -f "$R/built" ] && break; sleep 1; done
   timeout "${KERN_TIMEOUT:-360}" python3 benchmarks/bench_kernels.py --out "$R" --lanes --skip-moe --peers dense \
     --dense-m ${DENSE_M:-1,2,4,8,16,32,64,128,512,4096} ) > "$R/run.log" 2>&1
 echo "dense rc $? after $(( $(date +%s) - T0 )) s"
-( export CUDA_VISIBLE_DEVICES=0 PYTHONPATH=/tmp/site-p:$PWD/.gpu/stubs:$PWD
+[ "${MOE1:-1}" = 1 ] && ( export CUDA_VISIBLE_DEVICES=0 PYTHONPATH=/tmp/site-p:$PWD/.gpu/stubs:$PWD
   timeout "${MOE_TIMEOUT:-120}" python3 benchmarks/bench_kernels.py --out "$R" --lanes --tag _moe1 --peers fp8 \
     --moe kimi_tp8,glm52 --tokens 1 --groups 32 --skip-dense ) > "$R/run_moe1.log" 2>&1
 echo "moe 1-token rc $? after $(( $(date +%s) - T0 )) s"
 wait $S
 cat "$R/steps.log"
-cat "$R/run.log" "$R/run_moe1.log" | grep '^{' | python3 -c "
+cat "$R"/run*.log | grep '^{' | python3 -c "
 import json, sys
 for l in sys.stdin:
     r = json.loads(l)
@@ -44,5 +45,5 @@ for l in sys.stdin:
     elif 'error' in r: print('ERR', r)
 "
 grep -iE "Traceback|Error" "$R/run.log" | head -5
-grep -v '^{' "$R/prefill.log" | tail -25
+grep -v '^{' "$R/prefill.log" | tail -50
 tar czf "$OUT/dense.tgz" -C "$OUT" dense && rm -rf "$R"

@@ -365,7 +365,8 @@ constexpr int kq_lanes_warps = 4;
 // (NT, KSPLIT, STAGES) of the dense instances, FOLD on (cuda_lanes.DENSE_VARIANTS)
 #define KQ_LANES_DENSE_VARIANTS(G)                                                                             \
   KQ_LANES_DENSE_TRY(1, G, 1, 4) KQ_LANES_DENSE_TRY(2, G, 1, 4) KQ_LANES_DENSE_TRY(1, G, 2, 4)                \
-  KQ_LANES_DENSE_TRY(2, G, 2, 4) KQ_LANES_DENSE_TRY(1, G, 4, 4) KQ_LANES_DENSE_TRY(2, G, 4, 4)
+  KQ_LANES_DENSE_TRY(2, G, 2, 4) KQ_LANES_DENSE_TRY(1, G, 4, 4) KQ_LANES_DENSE_TRY(2, G, 4, 4)                \
+  KQ_LANES_DENSE_TRY(2, G, 4, 6) KQ_LANES_DENSE_TRY(2, G, 4, 8) KQ_LANES_DENSE_TRY(2, G, 2, 8)
 
 #define KQ_LANES_ENTRY(G)                                                                                       \
   int kq_moe_lanes_g##G(const kq_lanes::Params& p, int n_blocks, int K, int n_tiles, int gated, int nt,         \
