@@ -114,14 +114,14 @@ def test_every_dense_instance_matches_float64(variant, group, m):
     assert _rel(y, x.double() @ w[0].t()) < 1e-2
 
 
-@pytest.mark.parametrize("m,path", [(1, "cuda"), (64, "cuda"), (65, "triton"), (300, "dequant")])
+@pytest.mark.parametrize("m,path", [(1, "cuda"), (64, "cuda"), (65, "dequant"), (300, "dequant")])
 def test_public_linear_on_the_lane_layout(m, path):
     """kq.kernels.w4a16_linear on a lane-layout linear, 3-D input: the CUDA kernel up to
-    LANE_LINEAR_MAX_ROWS rows, Triton's LANE mode above, dequantise + cuBLAS from 256 rows; all
-    against the reference on the tiles layout."""
+    LANE_LINEAR_MAX_ROWS rows, dequantise + cuBLAS above (LANE_DEQUANT_MIN_M); all against the
+    reference on the tiles layout. Triton's LANE mode for a dense matrix: the interpreter tests."""
     from kq.kernels import LANE_LINEAR_MAX_ROWS, prepack_linear, w4a16_linear
-    from kq.kernels.triton_ops import DEQUANT_GEMM_MIN_M
-    assert (m <= LANE_LINEAR_MAX_ROWS) == (path == "cuda") and (m >= DEQUANT_GEMM_MIN_M) == (path == "dequant")
+    from kq.kernels.triton_ops import LANE_DEQUANT_MIN_M
+    assert (m <= LANE_LINEAR_MAX_ROWS) == (path == "cuda") and (m >= LANE_DEQUANT_MIN_M) == (path == "dequant")
     gen = torch.Generator(device=DEV).manual_seed(m)
     p, s, _ = _weights(1, 1024, 768, 64, gen)
     x = torch.randn(1, m, 768, generator=gen, device=DEV).to(torch.bfloat16)

@@ -31,6 +31,10 @@ class TileConfig:
     num_stages: int = 3
     fold: bool | None = None    # codes enter the dot as q + 136 (gemm_kernel's FOLD); None: group >= 64
     masks: bool = False         # keep the K/N load masks even where they are idle (A/B runs; see _launch_gemm)
+    lane_deq: int | None = None  # the lane layout's code construction (gemm_kernel LANE_DEQ); None: LANE_DEQ_DEFAULT
+
+
+LANE_DEQ_DEFAULT = 0
 
 
 def _fold(cfg: TileConfig, group: int, deq: int) -> bool:
@@ -127,7 +131,8 @@ def _launch_gemm(a, q, s, out, k, n, group, cfg: TileConfig, *, rows=0, routing=
         FOLD=fold,
         # the unmasked loads only beside FOLD: measured slower at group 32 (gemm_kernel's doc)
         EVEN_K=even and k % PACK_K == 0, EVEN_N=even and n % cfg.block_n == 0,
-        DEQ=deq, LANE=lane, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        DEQ=deq, LANE=lane, LANE_DEQ=(LANE_DEQ_DEFAULT if cfg.lane_deq is None else cfg.lane_deq) if lane else 0,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _reduce(part, out, rows, n, gated):
@@ -152,12 +157,20 @@ def dequantize(w: PrepackedLinear) -> torch.Tensor:
     return wt
 
 
+# A lane-layout linear goes to dequantise + cuBLAS from this many rows: Triton's LANE mode is the
+# slower path on a dense matrix (H200, 12288x6144: 58 / 139 / 533 us at M = 8 / 32 / 128 against
+# 98 / 99 / 97 us dequantised; benchmarks/results/kernels.md, sixth session)
+LANE_DEQUANT_MIN_M = 32
+
+
 def w4a16_linear(x: torch.Tensor, w: PrepackedLinear, *, config: TileConfig | None = None,
-                 dequant_min_m: int = DEQUANT_GEMM_MIN_M) -> torch.Tensor:
+                 dequant_min_m: int | None = None) -> torch.Tensor:
     """x [..., K] bf16 -> [..., N] bf16 on CUDA."""
     k, n = w.in_features, w.out_features
     x2 = x.reshape(-1, k).contiguous()
     m = x2.shape[0]
+    if dequant_min_m is None:
+        dequant_min_m = LANE_DEQUANT_MIN_M if w.lane else DEQUANT_GEMM_MIN_M
     if config is None and m >= dequant_min_m:
         return (x2 @ dequantize(w)).reshape(*x.shape[:-1], n)
     cfg = config or dense_config(m, n, k, _num_sms(x.device))
