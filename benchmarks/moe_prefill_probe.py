@@ -3,7 +3,8 @@
     python benchmarks/moe_prefill_probe.py [--tokens 4096,512] [--shapes glm52,kimi_tp8] [--grouped-mm] [--out DIR]
 
 Both MoE stages at T tokens x top-8 (group 128), CUDA-graph replay over 2 routings:
-  - kq's Triton MoE kernel on the tiles and on the lane layout, a grid of tile configs each;
+  - kq's Triton MoE kernel on the tiles and on the lane layout, a grid of tile configs each, and the
+    CUDA lane kernel (cuda_lanes) past the decode sizes it is dispatched at;
   - "dequantise + grouped GEMM": every expert dequantised to bf16 by kq's dequant kernel (one launch
     for all experts), the routed rows gathered in expert order, torch._grouped_mm; each part timed
     alone and together (what a prefill path built that way would cost, memory aside: the bf16 copy of
@@ -34,43 +35,25 @@ from kq.kernels.layout import PACK_K  # noqa: E402
 DEV = "cuda"
 
 
-def grid(layout: str):
+def grid():
     """Tile configs to try: BLOCK_M 16/32 take the mma.sync path (first probe: BLOCK_M 64, Triton's
-    wgmma path with plain bf16 ops, 7x slower at 4096 tokens); on the lane layout each of its code
-    constructions (gemm_kernel LANE_DEQ 0 / 1 / 2)."""
+    wgmma path with plain bf16 ops, 7x slower at 4096 tokens)."""
     for bm, bn in [(16, 64), (16, 128), (32, 64), (32, 128)]:
-        for deq in (0, 1, 2) if layout == "lane" else (None,):
-            yield kops.TileConfig(bm, bn, 1, 4, 3, lane_deq=deq)
+        yield kops.TileConfig(bm, bn, 1, 4, 3)
 
 
-def check_lane_deq():
-    """Each LANE_DEQ against the tiles layout on the same checkpoint tensors (both stages, groups
-    128 and 32, 64 tokens x 8 over 8 experts): relative error of the bf16 outputs."""
-    from kq.kernels import prepack_moe
-    from kq.kernels.layout import pack_checkpoint_nibbles
-    e, h, i, t, k = 8, 512, 256, 64, 8
-    for group in (128, 32):
-        g = torch.Generator(device=DEV).manual_seed(group)
-        nib13 = torch.randint(0, 16, (e, 2 * i, h), generator=g, device=DEV)
-        nib2 = torch.randint(0, 16, (e, h, i), generator=g, device=DEV)
-        s13 = (torch.rand(e, 2 * i, h // group, generator=g, device=DEV) * 0.05 + 1e-3).to(torch.bfloat16)
-        s2 = (torch.rand(e, h, i // group, generator=g, device=DEV) * 0.05 + 1e-3).to(torch.bfloat16)
-        args = (pack_checkpoint_nibbles(nib13), s13, pack_checkpoint_nibbles(nib2), s2, group)
-        tiles, lane = prepack_moe(*args), prepack_moe(*args, lane=True)
-        x = (torch.randn(t, h, generator=g, device=DEV) + 1).to(torch.bfloat16)
-        act = torch.randn(t * k, i, generator=g, device=DEV).to(torch.bfloat16)
-        ids = torch.stack([torch.randperm(e, generator=g, device=DEV) for _ in range(t)])[:, :k].to(torch.int32)
-        for bm in (16, 32):
-            rt = kops.moe_align(ids, e, bm)
-            cfg = kops.TileConfig(bm, 64, 1, 4, 3)
-            want1, want2 = kops.moe_gate_up(x, tiles, rt, k, cfg), kops.moe_down(act, tiles, rt, cfg)
-            for deq in (0, 1, 2):
-                c = kops.TileConfig(bm, 64, 1, 4, 3, lane_deq=deq)
-                got1, got2 = kops.moe_gate_up(x, lane, rt, k, c), kops.moe_down(act, lane, rt, c)
-                rel = [((a.double() - b.double()).norm() / b.double().norm()).item()
-                       for a, b in ((got1, want1), (got2, want2))]
-                print(json.dumps({"check": "lane_deq", "group": group, "block_m": bm, "lane_deq": deq,
-                                  "rel_gate_up": rel[0], "rel_down": rel[1]}), flush=True)
+def cuda_rows(pp, a, act, tis, e, topk, base, flops, log):
+    """The CUDA lane kernel past decode sizes (routing blocks of 8 pairs; each block re-reads its
+    expert's weights, from L2 when the blocks of an expert run close together), its K-unsplit
+    instances."""
+    from kq.kernels import cuda_lanes
+    rts = [kops.moe_align(t, e, 8) for t in tis]
+    for v in [v for v in cuda_lanes.GATE_UP_VARIANTS if v[1] == 1]:
+        us = bk.graph_us([lambda rt=rt: cuda_lanes.moe_gate_up(a, pp, rt, topk, v) for rt in rts], reps=3)
+        log(base, "kq_cuda_lane_gate_up", us, flops, cfg={"variant": v})
+    for v in [v for v in cuda_lanes.DOWN_VARIANTS if v[1] == 1]:
+        us = bk.graph_us([lambda rt=rt: cuda_lanes.moe_down(act, pp, rt, v) for rt in rts], reps=3)
+        log(base, "kq_cuda_lane_down", us, flops / 2, cfg={"variant": v})
 
 
 def dequant_all(pp, n: int, k: int) -> torch.Tensor:
@@ -95,14 +78,15 @@ def stage_rows(shape, m, group, log, with_grouped_mm):
     flops = 2 * m * topk * n * h
     for layout in ("tiles", "lane"):
         pp = bk.random_lane_moe(e, h, i, group) if layout == "lane" else bk.random_moe(e, h, i, group)
-        for cfg in grid(layout):
+        if layout == "lane":
+            cuda_rows(pp, a, act, tis, e, topk, base, flops, log)
+        for cfg in grid():
             try:
                 rts = [kops.moe_align(t, e, cfg.block_m) for t in tis]
                 us = bk.graph_us([lambda rt=rt, cfg=cfg: kops.moe_gate_up(a, pp, rt, topk, cfg) for rt in rts], reps=3)
-                kind = f"kq_{layout}{'' if cfg.lane_deq is None else cfg.lane_deq}"
-                log(base, f"{kind}_gate_up", us, flops, cfg=cfg.__dict__)
+                log(base, f"kq_{layout}_gate_up", us, flops, cfg=cfg.__dict__)
                 us = bk.graph_us([lambda rt=rt, cfg=cfg: kops.moe_down(act, pp, rt, cfg) for rt in rts], reps=3)
-                log(base, f"{kind}_down", us, flops / 2, cfg=cfg.__dict__)
+                log(base, f"kq_{layout}_down", us, flops / 2, cfg=cfg.__dict__)
             except Exception as ex:
                 print(json.dumps({**base, "kind": f"kq_{layout}", "cfg": cfg.__dict__, "error": repr(ex)[:200]}),
                       flush=True)
@@ -148,7 +132,6 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT") or ".")
     args = ap.parse_args()
     torch.manual_seed(0)
-    check_lane_deq()
     rows = []
 
     def log(base, kind, us, flops, **extra):
@@ -169,7 +152,7 @@ def main():
             best = min((r for r in sel if r["kind"] == kind), key=lambda r: r["us"])
             vs = f"{fp8 / best['us']:.2f}x FP8" if fp8 and "gate_up" in kind else ""
             c = best.get("cfg", {})
-            cs = f"bm{c['block_m']} bn{c['block_n']} w{c['num_warps']} s{c['num_stages']}" if "block_m" in c else ""
+            cs = f"bm{c['block_m']} bn{c['block_n']} w{c['num_warps']} s{c['num_stages']}" if "block_m" in c else c
             print(f"{key[0]:9s} {key[1]:5d} {kind:22s} {best['us']:9.1f} us {best['TFLOPs']:6.1f} TF/s {vs:>10s} {cs}")
 
 

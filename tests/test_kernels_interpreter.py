@@ -237,7 +237,7 @@ def test_fused_moe_skips_pairs_marked_minus_one(use_map):
     assert _rel(got, want) < 1.5e-2
 
 
-def test_tile_heuristics_split_k_divides_k_blocks_and_decode_stays_on_mma_sync_tiles():
+def test_tile_heuristics_split_k_divides_k_blocks_and_stay_on_mma_sync_tiles():
     for m, n, k in [(1, 12288, 6144), (16, 4096, 7168), (64, 12288, 6144), (200, 7168, 2048), (1, 96, 192)]:
         cfg = ops.dense_config(m, n, k, 132)
         assert (-(-k // 128)) % cfg.split_k == 0 and (-(-k // 128)) // cfg.split_k >= 1
@@ -246,5 +246,7 @@ def test_tile_heuristics_split_k_divides_k_blocks_and_decode_stays_on_mma_sync_t
     c1, c2 = ops.moe_configs(1 * 8, 384, 7168, 256, 132, 128)       # one token: 8 blocks x 4 column tiles
     assert (c1.block_m, c1.split_k, c2.block_m, c2.block_n) == (16, 8, 16, 128)
     assert ops.moe_configs(16 * 8, 384, 7168, 256, 132, 32)[1].block_n == 64
-    p1, p2 = ops.moe_configs(4096 * 8, 256, 6144, 2048, 132, 128)
-    assert (p1.block_m, p1.split_k, p1.num_warps, p2.block_m) == (64, 1, 8, 64)
+    p1, p2 = ops.moe_configs(4096 * 8, 256, 6144, 2048, 132, 128)     # prefill: mma.sync tiles too
+    assert (p1.block_m, p1.block_n, p1.split_k, p2.block_m, p2.block_n) == (16, 128, 1, 32, 128)
+    m1, m2 = ops.moe_configs(512 * 8, 256, 6144, 2048, 132, 128)      # 16 pairs per expert
+    assert (m1.block_m, m2.block_m) == (16, 16)

@@ -121,7 +121,7 @@ def test_public_linear_on_the_lane_layout(m, path):
     reference on the tiles layout. Triton's LANE mode for a dense matrix: the interpreter tests."""
     from kq.kernels import LANE_LINEAR_MAX_ROWS, prepack_linear, w4a16_linear
     from kq.kernels.triton_ops import LANE_DEQUANT_MIN_M
-    assert (m <= LANE_LINEAR_MAX_ROWS) == (path == "cuda") and (m >= LANE_DEQUANT_MIN_M) == (path == "dequant")
+    assert (m <= LANE_LINEAR_MAX_ROWS) == (path == "cuda") and (path == "cuda" or m >= LANE_DEQUANT_MIN_M)
     gen = torch.Generator(device=DEV).manual_seed(m)
     p, s, _ = _weights(1, 1024, 768, 64, gen)
     x = torch.randn(1, m, 768, generator=gen, device=DEV).to(torch.bfloat16)

@@ -98,24 +98,6 @@ def _lane_codes(w, shifts, BLOCK_N: tl.constexpr, F32: tl.constexpr, FOLD: tl.co
 
 
 @triton.jit
-def _lane_rows(w, sh, FOLD: tl.constexpr, ASM: tl.constexpr):
-    """[32, BN] int32 (row r = word r // 8 of the word column, loaded once per row) and [32, BN]
-    shifts (4 j for row r = 8t + 2j + i) -> [32, BN] bf16 codes without _lane_codes' reshape.
-
-    ASM: like _bf16_pairs, the two elements of a packed pair are rows (2m, 2m+1) = (i 0, 1) of one
-    word and one shift: a shift and one lop3 give both; else plain ops per element."""
-    if ASM:
-        c = tl.inline_asm_elementwise(
-            "{.reg .b32 t; shr.u32 t, $1, $3; lop3.b32 $0, t, 0x000F000F, 0x43004300, 0xEA;}",
-            "=r,r,r,r,r", [w, sh], dtype=tl.bfloat16, is_pure=True, pack=2)
-    else:
-        c = (((w >> sh) & 0xF) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    if not FOLD:
-        c = c - 136.0
-    return c
-
-
-@triton.jit
 def _lane_words(ptrs, n_mask, EVEN_N: tl.constexpr):
     if EVEN_N:
         w = tl.load(ptrs)
@@ -142,7 +124,7 @@ def _lane_scaled(acc, part, xoff, s_ptrs, n_mask, FOLD: tl.constexpr, EVEN_N: tl
 def _lane_loop(a_base, row_mask, q_base, s_base, offs_n, n_mask, K, stride_tile, stride_col, up_offset,
                kb_lo, kblocks, acc_g, acc_u, GROUP: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, FOLD: tl.constexpr, F32: tl.constexpr, EVEN_K: tl.constexpr,
-               EVEN_N: tl.constexpr, LANE_DEQ: tl.constexpr):
+               EVEN_N: tl.constexpr):
     """LANE mode's K loop (weights from lane_layout.lane_pack, the CUDA decode kernel's layout).
 
     Word wd of chunk t of column n in block kb sits at (n // 8) * stride_tile + kb * 128 + (n % 8) * 16
@@ -156,7 +138,6 @@ def _lane_loop(a_base, row_mask, q_base, s_base, offs_n, n_mask, K, stride_tile,
     shifts = 4 * (m8 // 2 + 4 * (m8 % 2))
     r = tl.arange(0, 32)                           # code row r = 8t + 2j + i -> its input in the column
     k_r = 16 * ((r % 8) // 4) + 4 * (r // 8) + 2 * ((r // 2) % 2) + r % 2
-    sh32 = tl.broadcast_to((4 * ((r % 8) // 2))[:, None], (32, BLOCK_N))     # LANE_DEQ 1, 2: row r's shift
     s_g = s_base + offs_n * stride_col
     s_u = s_base + (offs_n + up_offset) * stride_col
     COLS_PER_GROUP: tl.constexpr = GROUP // 32
@@ -166,10 +147,7 @@ def _lane_loop(a_base, row_mask, q_base, s_base, offs_n, n_mask, K, stride_tile,
         part_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         xoff = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for wd in tl.static_range(4):
-            if LANE_DEQ == 0 or F32:
-                w_ptrs = q_base + col_off[None, :] + (kb * 128 + 4 * t4 + wd)[:, None]      # [4, BN]
-            else:
-                w_ptrs = q_base + col_off[None, :] + (kb * 128 + 4 * (r // 8) + wd)[:, None]   # [32, BN]
+            w_ptrs = q_base + col_off[None, :] + (kb * 128 + 4 * t4 + wd)[:, None]      # [4, BN]
             kk = kb * 128 + 32 * wd + k_r
             if EVEN_K:
                 x = tl.load(a_base + kk[None, :], mask=row_mask[:, None], other=0.0)
@@ -177,18 +155,11 @@ def _lane_loop(a_base, row_mask, q_base, s_base, offs_n, n_mask, K, stride_tile,
                 x = tl.load(a_base + kk[None, :], mask=row_mask[:, None] & (kk < K)[None, :], other=0.0)
             if F32:
                 x = x.to(tl.float32)
-            if LANE_DEQ == 0 or F32:
-                part_g = tl.dot(x, _lane_codes(_lane_words(w_ptrs, n_mask, EVEN_N), shifts, BLOCK_N, F32, FOLD),
-                                part_g)
-                if GATED:
-                    part_u = tl.dot(x, _lane_codes(_lane_words(w_ptrs + up_words, n_mask, EVEN_N), shifts, BLOCK_N,
-                                                   F32, FOLD), part_u)
-            else:
-                part_g = tl.dot(x, _lane_rows(_lane_words(w_ptrs, n_mask, EVEN_N), sh32, FOLD, LANE_DEQ == 2),
-                                part_g)
-                if GATED:
-                    part_u = tl.dot(x, _lane_rows(_lane_words(w_ptrs + up_words, n_mask, EVEN_N), sh32, FOLD,
-                                                  LANE_DEQ == 2), part_u)
+            part_g = tl.dot(x, _lane_codes(_lane_words(w_ptrs, n_mask, EVEN_N), shifts, BLOCK_N, F32, FOLD),
+                            part_g)
+            if GATED:
+                part_u = tl.dot(x, _lane_codes(_lane_words(w_ptrs + up_words, n_mask, EVEN_N), shifts, BLOCK_N,
+                                               F32, FOLD), part_u)
             if FOLD:        # shared by gate and up: the same x
                 xoff = tl.dot(x, tl.full((32, BLOCK_N), -136.0, x.dtype), xoff)
             if (wd + 1) % COLS_PER_GROUP == 0:
@@ -226,8 +197,6 @@ def w4a16_gemm_kernel(
     LANE: tl.constexpr = False,             # MoE weights in the lane layout (_lane_loop); then stride_qk is
                                             # the words per n-tile (KBP * 128), stride_sg the scales per
                                             # column (Gp), and up_offset still up's first column
-    LANE_DEQ: tl.constexpr = 0,             # LANE's codes: 0 _lane_codes (reshape), 1 _lane_rows plain ops,
-                                            # 2 _lane_rows inline-PTX pairs (A/B: triton_ops.TileConfig)
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -267,7 +236,7 @@ def w4a16_gemm_kernel(
     if LANE:
         acc_g, acc_u = _lane_loop(a_base, row_mask, q_base, s_base, offs_n, n_mask, K, stride_qk, stride_sg,
                                   up_offset, kb_lo, kblocks_per_split, acc_g, acc_u, GROUP, GATED, BLOCK_M,
-                                  BLOCK_N, FOLD and DEQ != 1, DEQ == 0, EVEN_K, EVEN_N, LANE_DEQ)
+                                  BLOCK_N, FOLD and DEQ != 1, DEQ == 0, EVEN_K, EVEN_N)
     else:
         for kb_i in range(0, kblocks_per_split):
             kb = kb_lo + kb_i

@@ -31,10 +31,6 @@ class TileConfig:
     num_stages: int = 3
     fold: bool | None = None    # codes enter the dot as q + 136 (gemm_kernel's FOLD); None: group >= 64
     masks: bool = False         # keep the K/N load masks even where they are idle (A/B runs; see _launch_gemm)
-    lane_deq: int | None = None  # the lane layout's code construction (gemm_kernel LANE_DEQ); None: LANE_DEQ_DEFAULT
-
-
-LANE_DEQ_DEFAULT = 0
 
 
 def _fold(cfg: TileConfig, group: int, deq: int) -> bool:
@@ -77,11 +73,14 @@ def moe_configs(pairs: int, e: int, h: int, i: int, sms: int, group: int = 128) 
 
     Decode (<= 4 pairs per expert on average): BLOCK_M 16, gate+up split over K until the
     grid covers the SMs twice; down with BLOCK_N 128 at group >= 64 (64 at group 32, whose
-    per-group scale work favours narrower tiles). Prefill: BLOCK_M 64 on 8 warps."""
+    per-group scale work favours narrower tiles). Above: BLOCK_M 16 x BLOCK_N 128 on the mma.sync
+    path, down BLOCK_M 32 from 64 pairs per expert (H200, benchmarks/moe_prefill_probe.py: GLM-5.2
+    4096 tokens gate+up 7.9 ms, down 4.2 ms; BLOCK_M 64, Triton's wgmma path with plain bf16 ops, took
+    58.9 ms for gate+up)."""
     if decode_size(pairs, e):
         split1 = _split_for(max_blocks(pairs, e, 16) * triton.cdiv(i, 64), -(-h // PACK_K), sms)
         return TileConfig(16, 64, split1), TileConfig(16, 128 if group >= 64 else 64, 1)
-    return TileConfig(64, 64, 1, 8), TileConfig(64, 128, 1, 8)
+    return TileConfig(16, 128), TileConfig(32 if pairs >= 64 * e else 16, 128)
 
 
 def _lane_strides(q, s, kblocks: int) -> tuple[int, int, int, int]:
@@ -131,8 +130,7 @@ def _launch_gemm(a, q, s, out, k, n, group, cfg: TileConfig, *, rows=0, routing=
         FOLD=fold,
         # the unmasked loads only beside FOLD: measured slower at group 32 (gemm_kernel's doc)
         EVEN_K=even and k % PACK_K == 0, EVEN_N=even and n % cfg.block_n == 0,
-        DEQ=deq, LANE=lane, LANE_DEQ=(LANE_DEQ_DEFAULT if cfg.lane_deq is None else cfg.lane_deq) if lane else 0,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        DEQ=deq, LANE=lane, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _reduce(part, out, rows, n, gated):
