@@ -277,32 +277,31 @@ LANES: list[bool] = []      # --lanes: also time the experimental CUDA decode Mo
 
 
 def lanes_case(base, e, h, i, m, topk, group, tis, tw, a, touched):
-    """kq on the lane layout, random checkpoint-format weights. Decode sizes: the CUDA kernel's
-    gate+up and down alone for every (NT, KSPLIT, STAGES, FOLD) instance (routing outside the timing,
-    blocks of 8 pairs; "picked" marks what the product runs). Every size: the whole MoE through the
-    public kq.kernels.fused_moe_w4a16 (CUDA at decode sizes, Triton's LANE mode above), and above
-    decode sizes Triton's LANE gate+up alone (beside kq_g* on the tiles layout)."""
+    """kq on the lane layout, random checkpoint-format weights. The CUDA kernel's gate+up and down
+    alone (routing outside the timing, blocks of 8 pairs; "picked" marks what the product runs): at
+    decode sizes every (NT, KSPLIT, STAGES, FOLD) instance, above them the picked one. Every size:
+    the whole MoE through the public kq.kernels.fused_moe_w4a16 (the CUDA kernel), and above decode
+    sizes Triton's LANE gate+up alone (what serves where the CUDA kernel does not build)."""
     from kq.kernels import cuda_lanes, fused_moe_w4a16
     from kq.kernels.moe_routing import decode_size
     try:
         lm = random_lane_moe(e, h, i, group)
         bpw = 0.5 + 2 / group
         decode = decode_size(m * topk, e)
-        if decode:
-            rts = [kops.moe_align(t, e, 8) for t in tis]
-            act = torch.randn(m * topk, i, device=DEV, dtype=torch.bfloat16)
-            pick1 = cuda_lanes.pick(m * topk, e, i // 8, -(-h // 128), True)
-            pick2 = cuda_lanes.pick(m * topk, e, h // 8, -(-i // 128), False)
-            name = lambda v: f"n{v[0]}k{v[1]}s{v[2]}{'' if v[3] else 'nf'}"   # noqa: E731
-            for v in cuda_lanes.GATE_UP_VARIANTS:
-                us = graph_us([lambda rt=rt: cuda_lanes.moe_gate_up(a, lm, rt, topk, v) for rt in rts])
-                log({**base, "kind": f"lanes_g{group}_{name(v)}", "us": round(us, 2),
-                     "GBps": round(touched * 2 * i * h * bpw / us / 1e3, 1), "picked": v == pick1})
-            for v in cuda_lanes.DOWN_VARIANTS:
-                us = graph_us([lambda rt=rt: cuda_lanes.moe_down(act, lm, rt, v) for rt in rts])
-                log({**base, "kind": f"lanes_down_g{group}_{name(v)}", "us": round(us, 2),
-                     "GBps": round(touched * i * h * bpw / us / 1e3, 1), "picked": v == pick2})
-        else:
+        rts = [kops.moe_align(t, e, 8) for t in tis]
+        act = torch.randn(m * topk, i, device=DEV, dtype=torch.bfloat16)
+        pick1 = cuda_lanes.pick(m * topk, e, i // 8, -(-h // 128), True)
+        pick2 = cuda_lanes.pick(m * topk, e, h // 8, -(-i // 128), False)
+        name = lambda v: f"n{v[0]}k{v[1]}s{v[2]}{'' if v[3] else 'nf'}"   # noqa: E731
+        for v in cuda_lanes.GATE_UP_VARIANTS if decode else [pick1]:
+            us = graph_us([lambda rt=rt: cuda_lanes.moe_gate_up(a, lm, rt, topk, v) for rt in rts])
+            log({**base, "kind": f"lanes_g{group}_{name(v)}", "us": round(us, 2),
+                 "GBps": round(touched * 2 * i * h * bpw / us / 1e3, 1), "picked": v == pick1})
+        for v in cuda_lanes.DOWN_VARIANTS if decode else [pick2]:
+            us = graph_us([lambda rt=rt: cuda_lanes.moe_down(act, lm, rt, v) for rt in rts])
+            log({**base, "kind": f"lanes_down_g{group}_{name(v)}", "us": round(us, 2),
+                 "GBps": round(touched * i * h * bpw / us / 1e3, 1), "picked": v == pick2})
+        if not decode:
             sms = torch.cuda.get_device_properties(0).multi_processor_count
             cfg1, _ = kops.moe_configs(m * topk, e, h, i, sms, group)
             rts = [kops.moe_align(t, e, cfg1.block_m) for t in tis]
@@ -311,7 +310,7 @@ def lanes_case(base, e, h, i, m, topk, group, tis, tw, a, touched):
                  "GBps": round(touched * 2 * i * h * bpw / us / 1e3, 1), "cfg": cfg1.__dict__})
         us = graph_us([lambda t=t: fused_moe_w4a16(a, lm, tw, t) for t in tis])
         log({**base, "kind": f"kq_lane_full_g{group}", "us": round(us, 2),
-             "GBps": round(touched * 3 * i * h * bpw / us / 1e3, 1), "path": "cuda" if decode else "triton"})
+             "GBps": round(touched * 3 * i * h * bpw / us / 1e3, 1), "path": "cuda"})
         del lm
         torch.cuda.empty_cache()
     except Exception as ex:

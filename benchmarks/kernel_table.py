@@ -3,9 +3,10 @@
     python benchmarks/kernel_table.py benchmarks/results/h200/kernels_s5_0242e99.jsonl \
         benchmarks/results/h200/kernels_s5_marlin_0242e99.json
 
-kq's decode gate+up is the CUDA lane kernel's instance that cuda_lanes.pick chooses (the row marked
+kq's gate+up is the CUDA lane kernel's instance that cuda_lanes.pick chooses (the row marked
 "picked"), the whole MoE the public kq.kernels.fused_moe_w4a16 on the lane layout; every ratio is
-peer time / kq time, peers from the same call (Marlin on the machine's other GPU, same call).
+peer time / kq time, peers from the same call (Marlin on the machine's other GPU, same call), "n/a"
+where the call did not run that peer. Then the dense rows, if the run has them.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def main(paths: list[str]) -> None:
           "vs SGLang BF16 | vs SGLang INT4 | vs kq Triton | kq whole MoE us | vs kq Triton whole |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for case in ("glm52", "kimi_tp8"):
-        for m in (1, 16, 64):
+        for m in sorted({mm for (c, mm, _) in by if c == case}):
             for g in (128, 32):
                 k = picked(by, case, m, f"lanes_g{g}_")
                 if k is None:
@@ -60,7 +61,25 @@ def main(paths: list[str]) -> None:
                 inst = k["kind"].split("_")[-1]
                 print(f"| {case} | {m} | {g} | {k['us']:.1f} ({k['GBps'] / 1000:.2f}) [{inst}] | {ratio('sgl_fp8')} | "
                       f"{ratio(f'marlin_g{g}')} | {ratio('sgl_bf16')} | {ratio(f'sgl_int4_g{g}')} | "
-                      f"{ratio(f'kq_g{g}')} | {full['us']:.1f} | {ratio(f'kq_full_g{g}', full)} |")
+                      f"{ratio(f'kq_g{g}')} | {full['us'] if full else 'n/a'} | "
+                      f"{ratio(f'kq_full_g{g}', full) if full else 'n/a'} |")
+    dense(by)
+
+
+def dense(by: dict) -> None:
+    """Dense rows (group 128): kq's public w4a16_linear on the lane layout (the CUDA kernel up to 64
+    rows, then dequantise + cuBLAS) and on the tiles layout (Triton, dequantise + cuBLAS from 256)."""
+    cases = sorted({(c, m) for (c, m, kind) in by if kind == "kq_lane_g128"})
+    if not cases:
+        return
+    print("\n| dense N x K | M | kq lane us (TB/s) | kq tiles us | vs cuBLAS BF16 | vs cuBLAS FP8 | tiles vs BF16 |")
+    print("|---|---|---|---|---|---|---|")
+    for c, m in cases:
+        lane, tiles = by[(c, m, "kq_lane_g128")], by.get((c, m, "kq_g128"))
+        bf16, fp8 = by.get((c, m, "cublas_bf16")), by.get((c, m, "cublas_fp8"))
+        r = lambda p, b: f"{p['us'] / b['us']:.2f}x ({p['us']:.1f})" if p and b else "n/a"   # noqa: E731
+        print(f"| {c.removeprefix('dense_')} | {m} | {lane['us']:.1f} ({lane['GBps'] / 1000:.2f}) | "
+              f"{tiles['us'] if tiles else 'n/a'} | {r(bf16, lane)} | {r(fp8, lane)} | {r(bf16, tiles)} |")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,11 @@ extension loader on first use (sm_90a), the weights in the lane layout (lane_lay
 
 tests/test_kernels_lanes_gpu.py checks it against the torch reference, `benchmarks/bench_kernels.py
 --lanes` times it beside the Triton kernel. Routing blocks hold at most 8 pairs (the kernel's mma
-takes 8 activation rows)."""
+takes 8 activation rows), so past decode sizes each block re-reads its expert's weights (mostly
+from L2: the blocks of an expert run close together): on the H200 it stays ahead of the tiles
+layout's Triton kernel up to ~6 pairs per expert and reaches 0.7-0.8x of it at 16-128
+(benchmarks/results/kernels.md, sixth session). A dense linear uses the same kernel (DENSE
+instances, `linear`)."""
 from __future__ import annotations
 
 import functools
@@ -23,6 +27,8 @@ DOWN_VARIANTS = [(2, 1, 4, True), (2, 1, 6, True), (2, 4, 4, True), (2, 1, 4, Fa
                  (2, 4, 4, False)]
 # (NT, KSPLIT, STAGES) of the dense instances (one matrix, no routing; FOLD on): KQ_LANES_DENSE_VARIANTS
 DENSE_VARIANTS = [(1, 1, 4), (2, 1, 4), (1, 2, 4), (2, 2, 4), (1, 4, 4), (2, 4, 4), (2, 4, 6), (2, 4, 8), (2, 2, 8)]
+# the MoE grid's y dimension holds the routing blocks (8 pairs each): CUDA's limit
+MAX_BLOCKS = 65535
 # 12 warps on each of an H200's 132 multiprocessors: pick's split threshold is half of this, set from
 # the measured rows (Kimi TP-8 at 1 token: 128 warps, split 4 ways 2.5x faster; GLM-5.2 at 1 token:
 # 1024 warps, no split as fast; benchmarks/results/kernels.md, fifth session)

@@ -13,9 +13,8 @@ import triton.language as tl
 
 
 def decode_size(num_pairs: int, num_experts: int) -> bool:
-    """Decode-sized MoE step: <= 4 routed pairs per expert on average. Both MoE paths switch here:
-    Triton's BLOCK_M 16 tiles (triton_ops.moe_configs) and the CUDA lane kernel, whose 8-pair blocks
-    each read their expert's whole weight (cuda_lanes)."""
+    """Decode-sized MoE step: <= 4 routed pairs per expert on average, where Triton's tile configs
+    switch (triton_ops.moe_configs)."""
     return num_pairs <= 4 * num_experts
 
 

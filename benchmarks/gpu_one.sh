@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The kernel table on one lent H200 (nvidia-h200), in one call: the kernel GPU tests, then
+# bench_kernels.py --lanes against SGLang's FP8 MoE and cuBLAS (decode sizes at groups 128 and 32 with
+# the dense rows; then 192 and 4096 tokens at group 128). SGLang's Marlin MoE needs the JIT build of
+# minutes: benchmarks/gpu_final.sh on two GPUs runs it beside the table.
+# carry: .whl-slim .gpu        results: $OUT/one.tgz
+set -o pipefail
+OUT=${OUT:-out}; R=$OUT/one; mkdir -p "$R"
+export PYTHONUNBUFFERED=1 TORCH_EXTENSIONS_DIR=/tmp/kq_ext
+T0=$(date +%s)
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-o .whl-slim/*.whl
+export PYTHONPATH=/tmp/site-o:$PWD/.gpu/stubs:$PWD
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$R/gpu.txt"
+timeout "${TEST_TIMEOUT:-170}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py \
+  tests/test_kernels_lanes_gpu.py > "$R/pytest_gpu.log" 2>&1
+tail -1 "$R/pytest_gpu.log"; grep FAILED "$R/pytest_gpu.log" | head
+echo "tests done after $(( $(date +%s) - T0 )) s"
+timeout "${DECODE_TIMEOUT:-260}" python3 benchmarks/bench_kernels.py --out "$R" --lanes --peers dense,fp8 \
+  --moe glm52,kimi_tp8 --tokens 1,16,64 --groups 128,32 --dense-m "${DENSE_M:-1,8,16,64,4096}" > "$R/decode.log" 2>&1
+echo "decode rc $? after $(( $(date +%s) - T0 )) s"
+timeout "${PREFILL_TIMEOUT:-200}" python3 benchmarks/bench_kernels.py --out "$R" --lanes --peers fp8 --tag _prefill \
+  --moe glm52,kimi_tp8 --tokens 192,4096 --groups 128 --skip-dense > "$R/prefill.log" 2>&1
+echo "prefill rc $? after $(( $(date +%s) - T0 )) s"
+python3 benchmarks/kernel_table.py "$R/decode.log" "$R/prefill.log"
+grep -iE "Traceback|error" "$R"/*.log | head -5
+tar czf "$OUT/one.tgz" -C "$OUT" one && rm -rf "$R"
