@@ -61,7 +61,7 @@ def main(paths: list[str]) -> None:
                 inst = k["kind"].split("_")[-1]
                 print(f"| {case} | {m} | {g} | {k['us']:.1f} ({k['GBps'] / 1000:.2f}) [{inst}] | {ratio('sgl_fp8')} | "
                       f"{ratio(f'marlin_g{g}')} | {ratio('sgl_bf16')} | {ratio(f'sgl_int4_g{g}')} | "
-                      f"{ratio(f'kq_g{g}')} | {f"{full['us']:.1f}" if full else 'n/a'} | "
+                      f"{ratio(f'kq_g{g}')} | {'%.1f' % full['us'] if full else 'n/a'} | "
                       f"{ratio(f'kq_full_g{g}', full) if full else 'n/a'} |")
     dense(by)
 
