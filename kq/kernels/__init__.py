@@ -6,7 +6,7 @@ CUDA kernel of cuda_lanes.py; anything else the torch reference):
                 (lane=True: the lane layout, which the CUDA kernel reads for up to 64 rows on Hopper)
     prepack_moe(w13_packed [E, 2I, H/8], w13_scale [E, 2I, H/g], w2_packed [E, H, I/8],
                 w2_scale [E, H, I/g], group, lane=False) -> PrepackedMoE
-                (lane=True: the CUDA decode kernel's lane layout, which the Triton MoE path also reads)
+                (lane=True: the CUDA lane kernel's layout, which the Triton MoE path also reads)
     w4a16_linear(x [..., K] bf16, w: PrepackedLinear) -> [..., N]
     fused_moe_w4a16(x [T, H] bf16, pp: PrepackedMoE, topk_weights [T, k] f32, topk_ids [T, k] int32,
                     *, expert_map=None, routed_scaling_factor=1.0) -> [T, H]
@@ -39,7 +39,7 @@ def _use_triton(x: torch.Tensor) -> bool:
 
 
 def lanes_available(device: torch.device) -> bool:
-    """Whether the CUDA decode MoE kernel (cuda_lanes.py: Hopper only, built on first use) serves
+    """Whether the CUDA lane-layout kernel (cuda_lanes.py: Hopper only, built on first use) serves
     `device`; a lane-layout PrepackedMoE still runs everywhere else, through Triton or the reference."""
     from .cuda_lanes import available
     return available(device)
@@ -50,7 +50,7 @@ MOE_LAYOUTS = ("auto", "lane", "tiles")
 
 def moe_lane_layout(device: torch.device, hidden: int, intermediate: int) -> bool:
     """Whether a loader should prepack a MoE layer with lane=True. KQ_MOE_LAYOUT=auto (default): the
-    lane layout where the CUDA decode kernel runs (Hopper) and the shape fits it; lane / tiles force
+    lane layout where the CUDA lane kernel runs (Hopper) and the shape fits it; lane / tiles force
     one (lane also runs elsewhere, through Triton's LANE mode). A layer holds one layout only: the
     experts are the bulk of a MoE model's memory."""
     choice = os.environ.get("KQ_MOE_LAYOUT", "auto")

@@ -70,7 +70,7 @@ def _builds() -> bool:
     try:
         _ext()
     except Exception as ex:       # no nvcc, no ninja, a compiler error: fall back, do not fail serving
-        print(f"kq: the CUDA decode MoE kernel did not build ({type(ex).__name__}: {str(ex)[:200]}); "
+        print(f"kq: the CUDA lane-layout kernel did not build ({type(ex).__name__}: {str(ex)[:200]}); "
               f"the Triton kernel serves instead", file=sys.stderr)
         return False
     return True

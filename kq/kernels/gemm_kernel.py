@@ -4,7 +4,7 @@ out[row, n] = sum_k a[a_row, k] * (nibble[k, n] - 8) * scale[k // G, n]
 
 Rows come either straight (dense: rows pid_m*BM ..) or from a routing table (MoE: a block of
 pairs that all go to one expert). Weights are in the prepacked layout of `layout.py`, or (LANE,
-MoE only) in the CUDA decode kernel's lane layout of `lane_layout.py` (see _lane_loop).
+or a dense matrix as one expert) in the CUDA lane kernel's layout of `lane_layout.py` (see _lane_loop).
 
 Dequantization without int->float conversions: a nibble c is or-ed into the mantissa of the
 bf16 number 128.0 (bits 0x4300), which gives exactly 128 + c; one packed bf16 subtract
@@ -125,7 +125,7 @@ def _lane_loop(a_base, row_mask, q_base, s_base, offs_n, n_mask, K, stride_tile,
                kb_lo, kblocks, acc_g, acc_u, GROUP: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, FOLD: tl.constexpr, F32: tl.constexpr, EVEN_K: tl.constexpr,
                EVEN_N: tl.constexpr):
-    """LANE mode's K loop (weights from lane_layout.lane_pack, the CUDA decode kernel's layout).
+    """LANE mode's K loop (weights from lane_layout.lane_pack, the CUDA lane kernel's layout).
 
     Word wd of chunk t of column n in block kb sits at (n // 8) * stride_tile + kb * 128 + (n % 8) * 16
     + 4t + wd, and its nibble j + 4i is input 128 kb + 32 wd + 16 (j // 2) + 4t + 2 (j % 2) + i: so

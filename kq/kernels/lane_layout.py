@@ -1,4 +1,4 @@
-"""Lane layout: the weight layout of the CUDA decode MoE kernel (kq/kernels/cuda/, cuda_lanes.py),
+"""Lane layout: the weight layout of the CUDA lane-layout kernel (kq/kernels/cuda/, cuda_lanes.py),
 which Triton's MoE kernel also reads (LANE in gemm_kernel.py), so a layer holds one layout.
 
 Why another layout. Each lane of a warp copies the 16 bytes it needs of a 128-input block with one

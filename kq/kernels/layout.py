@@ -128,7 +128,7 @@ class PrepackedMoE:
     w2:  down, q [E, Ip/8, H], s [E, Ip/g, H]
 
     lane: when True, w13_q/w13_s/w2_q/w2_s are instead lane-layout tensors from lane_layout.lane_pack
-    (the CUDA decode kernel's layout, which the Triton kernels also read): w13 = [gate; up] rows as in
+    (the CUDA lane kernel's layout, which the Triton kernels also read): w13 = [gate; up] rows as in
     the checkpoint, q [E, 2I/8, Hp/128, 8, 4, 4], s [E, 2I/8, 8, Hp/g], so gate's columns are n-tiles
     0 .. I/8-1 and up's n-tiles I/8 .. 2I/8-1; w2 q [E, H/8, Ip/128, 8, 4, 4], s [E, H/8, 8, Ip/g].
     """
@@ -144,7 +144,7 @@ class PrepackedMoE:
 
 
 def lane_fits(hidden: int, intermediate: int) -> bool:
-    """The lane layout's shapes: the CUDA decode kernel works on pairs of 8-column n-tiles of every
+    """The lane layout's shapes: the CUDA lane kernel works on pairs of 8-column n-tiles of every
     matrix, so the hidden and intermediate sizes must be multiples of 16."""
     return hidden % 16 == 0 and intermediate % 16 == 0
 

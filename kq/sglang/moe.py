@@ -6,7 +6,7 @@ per expert and per TP rank (gate/up split along the intermediate rows, down alon
 input columns, scales with them) and honours expert parallelism's local-expert map;
 `process_weights_after_loading` runs kq's prepack (or reads `kq shard` per-rank files, which hold
 the tiles layout) in the layout kq.kernels.moe_lane_layout chooses (the lane layout on Hopper: the
-CUDA decode kernel; rank files are converted on the device);
+CUDA lane kernel; rank files are converted on the device);
 `apply` takes SGLang's dispatch output and returns its combine input.
 
 SGLang transposes expert weights on load only for its own WNA16 class names; this class is
