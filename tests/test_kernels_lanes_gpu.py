@@ -1,4 +1,4 @@
-"""The experimental CUDA decode MoE (kq/kernels/cuda_lanes.py) against the torch reference on a GPU."""
+"""The CUDA lane-layout kernel (kq/kernels/cuda_lanes.py: MoE stages and the dense linear) against the torch reference on a GPU."""
 import pytest
 import torch
 

@@ -1,4 +1,4 @@
-"""The experimental CUDA decode kernel's lane layout (kq/kernels/lane_layout.py), on the CPU: the
+"""The CUDA lane kernel's layout (kq/kernels/lane_layout.py), on the CPU: the
 kernel's step-by-step reading, emulated, equals a float64 matmul of the checkpoint's weights."""
 import pytest
 import torch

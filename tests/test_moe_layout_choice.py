@@ -1,5 +1,5 @@
 """Which weight layout a loader prepacks a MoE layer in (kq.kernels.moe_lane_layout), and that a
-lane-layout layer runs where the CUDA decode kernel does not (here: the CPU reference)."""
+lane-layout layer runs where the CUDA lane kernel does not (here: the CPU reference)."""
 import pytest
 import torch
 
