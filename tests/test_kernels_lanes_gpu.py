@@ -1,4 +1,5 @@
-"""The CUDA lane-layout kernel (kq/kernels/cuda_lanes.py: MoE stages and the dense linear) against the torch reference on a GPU."""
+"""The CUDA lane-layout kernel (kq/kernels/cuda_lanes.py: MoE stages, dense linear) against the
+torch reference on a GPU."""
 import pytest
 import torch
 
