@@ -4,13 +4,7 @@
 # the dense rows; then 192 and 4096 tokens at group 128). SGLang's Marlin MoE needs the JIT build of
 # minutes: benchmarks/gpu_final.sh on two GPUs runs it beside the table.
 # carry: .whl-slim .gpu        results: $OUT/one.tgz
-set -o pipefail
-OUT=${OUT:-out}; R=$OUT/one; mkdir -p "$R"
-export PYTHONUNBUFFERED=1 TORCH_EXTENSIONS_DIR=/tmp/kq_ext
-T0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-o .whl-slim/*.whl
-export PYTHONPATH=/tmp/site-o:$PWD/.gpu/stubs:$PWD
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$R/gpu.txt"
+source benchmarks/gpu_common.sh one
 timeout "${TEST_TIMEOUT:-170}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py \
   tests/test_kernels_lanes_gpu.py > "$R/pytest_gpu.log" 2>&1
 tail -1 "$R/pytest_gpu.log"; grep FAILED "$R/pytest_gpu.log" | head

@@ -3,13 +3,7 @@
 # (about 300 s of nvcc on the host CPUs) starts first; meanwhile bench_kernels.py --lanes against
 # SGLang's FP8 MoE at 1/16/64 tokens, groups 128 and 32; then Marlin's rows on the same routings
 # (same seeds). carry: .whl-slim .gpu        results: $OUT/marlin1.tgz
-set -o pipefail
-OUT=${OUT:-out}; R=$OUT/marlin1; mkdir -p "$R"
-export PYTHONUNBUFFERED=1 TORCH_EXTENSIONS_DIR=/tmp/kq_ext
-T0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-m .whl-slim/*.whl
-export PYTHONPATH=/tmp/site-m:$PWD/.gpu/stubs:$PWD
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$R/gpu.txt"
+source benchmarks/gpu_common.sh marlin1
 timeout 360 python3 benchmarks/bench_kernels.py --warm-marlin > "$R/marlin_warm.log" 2>&1 &
 W=$!
 timeout "${DECODE_TIMEOUT:-150}" python3 benchmarks/bench_kernels.py --out "$R" --lanes --peers fp8 \
