@@ -1,7 +1,7 @@
 """W4A16 kernels: INT4 weights (symmetric, group 32/64/128, bf16 scales) x bf16 activations.
 
-Public API (CUDA tensors run the Triton kernels, and on Hopper a lane-layout MoE at decode sizes the
-CUDA kernel of cuda_lanes.py; anything else the torch reference):
+Public API (CUDA tensors run the Triton kernels, and on Hopper lane-layout weights the CUDA kernel of
+cuda_lanes.py: a MoE at every size, a linear up to 64 rows; anything else the torch reference):
     prepack_linear(weight_packed [N, K/8] int32, weight_scale [N, K/g], group, lane=False) -> PrepackedLinear
                 (lane=True: the lane layout, which the CUDA kernel reads for up to 64 rows on Hopper)
     prepack_moe(w13_packed [E, 2I, H/8], w13_scale [E, 2I, H/g], w2_packed [E, H, I/8],
@@ -74,8 +74,9 @@ def _lanes_for(x: torch.Tensor, pp: PrepackedMoE, pairs: int) -> bool:
     return available(x.device) and max_blocks(pairs, pp.num_experts, 8) <= MAX_BLOCKS
 
 
-# A lane-layout linear runs the CUDA kernel (cuda_lanes.linear) up to this many rows on Hopper, the
-# Triton kernels above (tiles of up to 32 rows, then dequantise + cuBLAS)
+# A lane-layout linear runs the CUDA kernel (cuda_lanes.linear) up to this many rows on Hopper, and
+# dequantise + cuBLAS above (triton_ops.LANE_DEQUANT_MIN_M); from 16 rows the tiles layout is faster
+# (H200, 12288x6144: 27.6 against 22.6 us at 16 rows; benchmarks/results/kernels.md, sixth session)
 LANE_LINEAR_MAX_ROWS = 64
 
 
