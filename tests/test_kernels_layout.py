@@ -86,20 +86,21 @@ def test_prepack_refuses_bad_group_and_shapes_with_one_clear_message():
 
 
 @pytest.mark.parametrize("lane", [False, True])
-@pytest.mark.parametrize("group", [32, 64])
+@pytest.mark.parametrize("group", [32, 64, 128])
 def test_reference_linear_matches_float64(group, lane):
     gen = torch.Generator().manual_seed(1)
-    nib, packed, scale = _ckpt(1, 48, 320, group, gen)      # K = 320: the lane layout pads it to 384
+    k = 320 if group < 128 else 384                          # 320: both layouts pad K to 384
+    nib, packed, scale = _ckpt(1, 48, k, group, gen)
     lin = prepack_linear(packed[0], scale[0], group, lane=lane)
     assert lin.lane == lane
     if lane:
         assert lin.q.shape == (6, 3, 8, 4, 4) and lin.s.shape == (6, 8, 384 // group)
-    x = torch.randn(2, 3, 320, generator=gen).to(torch.bfloat16)
+    x = torch.randn(2, 3, k, generator=gen).to(torch.bfloat16)
     want = x.double() @ _dequant64(nib, scale, group)[0].t()
     got = w4a16_linear(x, lin)                      # CPU -> the reference
     assert got.shape == (2, 3, 48) and got.dtype == torch.bfloat16
     assert ((got.double() - want).norm() / want.norm()).item() < 4e-3
-    with pytest.raises(ValueError, match="x has 128 input features, the weight 320"):
+    with pytest.raises(ValueError, match=f"x has 128 input features, the weight {k}"):
         w4a16_linear(x[..., :128], lin)
 
 
