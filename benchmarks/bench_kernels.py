@@ -290,8 +290,8 @@ def lanes_case(base, e, h, i, m, topk, group, tis, tw, a, touched):
         decode = decode_size(m * topk, e)
         rts = [kops.moe_align(t, e, 8) for t in tis]
         act = torch.randn(m * topk, i, device=DEV, dtype=torch.bfloat16)
-        pick1 = cuda_lanes.pick(m * topk, e, i // 8, -(-h // 128), True)
-        pick2 = cuda_lanes.pick(m * topk, e, h // 8, -(-i // 128), False)
+        pick1 = cuda_lanes.pick(m * topk, e, i // 8, -(-h // 128), True, group)
+        pick2 = cuda_lanes.pick(m * topk, e, h // 8, -(-i // 128), False, group)
         name = lambda v: f"n{v[0]}k{v[1]}s{v[2]}{'' if v[3] else 'nf'}"   # noqa: E731
         for v in cuda_lanes.GATE_UP_VARIANTS if decode else [pick1]:
             us = graph_us([lambda rt=rt: cuda_lanes.moe_gate_up(a, lm, rt, topk, v) for rt in rts])

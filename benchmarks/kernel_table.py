@@ -1,6 +1,6 @@
 """Markdown tables of record from a bench_kernels.py --lanes run (JSON lines) and its Marlin rows.
 
-    python benchmarks/kernel_table.py benchmarks/results/h200/kernels_s5_0242e99.jsonl \
+    python benchmarks/kernel_table.py [--repick] benchmarks/results/h200/kernels_s5_0242e99.jsonl \
         benchmarks/results/h200/kernels_s5_marlin_0242e99.json
 
 kq's gate+up is the CUDA lane kernel's instance that cuda_lanes.pick chooses (the row marked
@@ -33,11 +33,26 @@ def load(paths: list[str]) -> tuple[dict, dict]:
     return {(r["case"], r["M"], r["kind"]): r for r in rows if "us" in r and "_sweep" not in r["kind"]}, env
 
 
+REPICK = False     # --repick: the instance today's cuda_lanes.pick chooses, not the one the run marked
+
+
 def picked(by: dict, case: str, m: int, prefix: str):
+    if REPICK:
+        return repicked(by, case, m, prefix)
     for (c, mm, kind), r in by.items():
         if c == case and mm == m and kind.startswith(prefix) and r.get("picked"):
             return r
     return None
+
+
+def repicked(by: dict, case: str, m: int, prefix: str):
+    """The same run's row of the instance kq.kernels.cuda_lanes.pick chooses now (gate+up, top-8)."""
+    from bench_kernels import MOE_SHAPES
+    from kq.kernels.cuda_lanes import pick
+    e, h, i = MOE_SHAPES[case]
+    group = int(prefix.rstrip("_").rsplit("_g", 1)[1])
+    nt, ks, st, fold = pick(m * 8, e, i // 8, -(-h // 128), True, group)
+    return by.get((case, m, f"{prefix}n{nt}k{ks}s{st}{'' if fold else 'nf'}"))
 
 
 def main(paths: list[str]) -> None:
@@ -83,4 +98,9 @@ def dense(by: dict) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    args = sys.argv[1:]
+    if "--repick" in args:
+        args.remove("--repick")
+        REPICK = True
+        sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    main(args)

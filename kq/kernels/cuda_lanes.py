@@ -42,14 +42,29 @@ def _ext():
                 extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"], verbose=False)
 
 
-def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool) -> tuple[int, int, int, bool]:
+def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: int = 128) -> tuple[int, int, int, bool]:
     """(NT, KSPLIT, STAGES, FOLD) for a stage, from host-side sizes only (no routing data: graph
-    capture): split K 4 ways when fewer than half a wave of warps would be resident and each keeps
-    >= 4 blocks."""
+    capture). Each rule comes from the instance rows of three H200 runs (benchmarks/results/h200/
+    kernels_s5_0242e99.jsonl, kernels_s6_79490cf.jsonl, kernels_s6_decode_dd9b8b5.jsonl):
+    - split K 4 ways when fewer than half a wave of warps would be resident and each keeps >= 4
+      blocks (Kimi TP-8 at 1 token: 12.4 against 31 us);
+    - gate+up: two tile pairs per warp when one pair per warp would spill just past one wave and two
+      fit in it (Kimi TP-8, 16 tokens, group 32: 72.4-72.8 against 83.9-84.5 us); FOLD off when the
+      warps do not fill one wave (GLM-5.2, 1 token: 33.6-34.0 against 36.8-36.9 us at group 128,
+      39.3-39.7 against 41.2-41.7 at 32);
+    - down: FOLD off at group 128 (GLM-5.2, 64 tokens: 365.8-375.9 against 390.9-398.4 us; elsewhere
+      within 1 %); kept at group 32, where Kimi's down runs 1-4 % slower without it."""
+    resident = 132 * 16 if group == 128 else SMS_WARPS      # 120 registers at group 128, up to 168 below
     nt = 1 if gated else 2
     warps = min(pairs, experts) * -(-n_tiles // (2 * nt))
+    if gated and resident < warps <= 2 * resident:
+        nt, warps = 2, warps // 2
     ks = 4 if warps < SMS_WARPS // 2 and kb >= 16 else 1
-    return nt, ks, 4, True
+    if gated:
+        fold = not (nt == 1 and warps < resident)
+    else:
+        fold = group != 128
+    return nt, ks, 4, fold
 
 
 def pick_dense(rows: int, n_tiles: int, kb: int) -> tuple[int, int, int]:
@@ -78,7 +93,7 @@ def _builds() -> bool:
 
 def _run(a, q, s, out, routing, K, n_tiles, n_tiles_all, up_tiles, a_row_div, gated, group, variant, experts):
     pairs, be, bs, bc = routing
-    nt, ks, stages, fold = variant or pick(pairs.numel(), experts, n_tiles, q.shape[2], gated)
+    nt, ks, stages, fold = variant or pick(pairs.numel(), experts, n_tiles, q.shape[2], gated, group)
     rc = _ext().launch(a, q, s, out, pairs, be, bs, bc, K, n_tiles, n_tiles_all, up_tiles, a_row_div,
                        int(gated), group, nt, ks, stages, int(fold))
     if rc != 0:

@@ -1,0 +1,37 @@
+"""cuda_lanes.pick (CPU: host-side sizes only): every choice is an instance the extension builds, and
+the measured shapes get the instances the H200 runs chose (benchmarks/results/kernels.md)."""
+import pytest
+
+from kq.kernels import cuda_lanes
+
+SHAPES = {"glm52": (256, 6144, 2048), "kimi_tp8": (384, 7168, 256), "glm47": (160, 5120, 1536),
+          "kimi": (384, 7168, 2048)}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("tokens", [1, 2, 8, 16, 32, 64, 128, 192, 512, 4096])
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_every_pick_is_a_built_instance(shape, tokens, group):
+    e, h, i = SHAPES[shape]
+    assert cuda_lanes.pick(tokens * 8, e, i // 8, -(-h // 128), True, group) in cuda_lanes.GATE_UP_VARIANTS
+    assert cuda_lanes.pick(tokens * 8, e, h // 8, -(-i // 128), False, group) in cuda_lanes.DOWN_VARIANTS
+
+
+@pytest.mark.parametrize("shape,tokens,group,want", [
+    ("kimi_tp8", 1, 128, (1, 4, 4, False)),   # a quarter wave: split K, FOLD off
+    ("glm52", 1, 128, (1, 1, 4, False)),      # under one wave: FOLD off
+    ("glm52", 1, 32, (1, 1, 4, False)),
+    ("kimi_tp8", 16, 32, (2, 1, 4, True)),    # just past one wave with one tile pair per warp: two
+    ("kimi_tp8", 16, 128, (1, 1, 4, False)),  # the same at 16 warps per SM: one wave
+    ("glm52", 16, 128, (1, 1, 4, True)),
+    ("kimi_tp8", 64, 32, (1, 1, 4, True)),
+])
+def test_gate_up_picks_of_the_measured_shapes(shape, tokens, group, want):
+    e, h, i = SHAPES[shape]
+    assert cuda_lanes.pick(tokens * 8, e, i // 8, -(-h // 128), True, group) == want
+
+
+def test_down_drops_fold_at_group_128_only():
+    e, h, i = SHAPES["glm52"]
+    assert cuda_lanes.pick(512, e, h // 8, -(-i // 128), False, 128) == (2, 1, 4, False)
+    assert cuda_lanes.pick(512, e, h // 8, -(-i // 128), False, 32) == (2, 1, 4, True)
