@@ -12,6 +12,9 @@ out different, and always the same different result: float32 ulp-level differenc
 half of the hidden-state elements and 8 changed DSA top-k indices in the carry. A single thread
 (OMP_NUM_THREADS=1 or MKL_NUM_THREADS=1) gives the usual result, so it is not a thread-count
 change of the whole run. Runs with MKL_DYNAMIC=FALSE: 0 of 60 differed (too few to call it a fix).
+Never seen outside the killer script (the test's KILLER: the API called from `python -c`): 45
+uninterrupted `kq quantize` runs gave one output; layer 0's forward repeated 300 times in one process,
+in a new thread each time, beside a busy thread, or in 60 fresh processes, always the usual result.
 --kills-only repeats just the kill (4 s each on the CPU) and counts the distinct acts-0001 hashes.
 """
 from __future__ import annotations
