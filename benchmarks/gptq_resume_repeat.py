@@ -54,14 +54,20 @@ def tensor_hashes(folder: Path) -> dict[str, str]:
     return out
 
 
+def kill(d: Path, calib: Path, args, a: int, prefix: str) -> Path:
+    """Attempt a: the test's KILLER into d/<prefix><a>, killed after layer args.kill_after."""
+    out = d / f"{prefix}{a}"
+    r = subprocess.run([sys.executable, "-c", killer_source(), str(d / "src"), str(out), str(calib),
+                        str(args.kill_after)], capture_output=True, text=True)
+    if r.returncode != -9:
+        sys.exit(f"attempt {a}: the killer exited {r.returncode}: {r.stderr[-500:]}")
+    return out
+
+
 def kills_only(d: Path, calib: Path, args) -> None:
     seen: dict[str, list[int]] = {}
     for a in range(args.attempts):
-        out = d / f"kill{a}"
-        r = subprocess.run([sys.executable, "-c", killer_source(), str(d / "src"), str(out), str(calib),
-                            str(args.kill_after)], capture_output=True, text=True)
-        if r.returncode != -9:
-            sys.exit(f"attempt {a}: the killer exited {r.returncode}: {r.stderr[-500:]}")
+        out = kill(d, calib, args, a, "kill")
         acts = out / ".kq-work" / "gptq" / f"acts-{args.kill_after:04d}.safetensors"
         seen.setdefault(hashlib.sha256(acts.read_bytes()).hexdigest()[:12], []).append(a)
         print(f"attempt {a}: {next(h for h, v in seen.items() if a in v)}", flush=True)
@@ -89,11 +95,7 @@ def main() -> None:
     want = tensor_hashes(d / "ref")
     bad_attempts = 0
     for a in range(args.attempts):
-        out = d / f"run{a}"
-        r = subprocess.run([sys.executable, "-c", killer_source(), str(d / "src"), str(out), str(calib),
-                            str(args.kill_after)], capture_output=True, text=True)
-        if r.returncode != -9:
-            sys.exit(f"attempt {a}: the killer exited {r.returncode}: {r.stderr[-500:]}")
+        out = kill(d, calib, args, a, "run")
         subprocess.run([*kq, "quantize", str(d / "src"), "--out", str(out), *opts], check=True, capture_output=True)
         got = tensor_hashes(out)
         bad = sorted(k for k in want if got.get(k) != want[k])
