@@ -67,7 +67,7 @@ def moe_lane_layout(device: torch.device, hidden: int, intermediate: int) -> boo
 
 def _lanes_for(x: torch.Tensor, pp: PrepackedMoE, pairs: int) -> bool:
     """A lane-layout layer runs the CUDA kernel at every size where it builds (Hopper) and its grid
-    holds the routing's 8-pair blocks: past decode sizes it still beats Triton's LANE mode 2.5-4x
+    holds the routing's 8-pair blocks: past decode sizes it still beats Triton's LANE mode 2.4-3x
     (H200, GLM-5.2 4096 tokens gate+up 11.4 against 31.0 ms; benchmarks/moe_prefill_probe.py)."""
     from .cuda_lanes import MAX_BLOCKS, available
     from .moe_routing import max_blocks
