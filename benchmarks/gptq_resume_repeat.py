@@ -8,10 +8,10 @@ failed about once in ten runs on a 2-core CPU in the fifth session (kill after l
 expert tensors of layers 1-2 differ). Sixth session: the resumed run is not the cause (8 resumes
 of one killed state were all byte-identical to the uninterrupted run); the killed run is. In about
 one kill in 25-40, the saved inputs of layer 1 (`acts-0001`: layer 0's output after its GPTQ) come
-out different, and always the same different result: float32 ulp-level differences (max 8e-7) in
-half of the hidden-state elements and 8 changed DSA top-k indices in the carry. A single thread
-(OMP_NUM_THREADS=1 or MKL_NUM_THREADS=1) gives the usual result, so it is not a thread-count
-change of the whole run. Runs with MKL_DYNAMIC=FALSE: 0 of 60 differed (too few to call it a fix).
+out different: float32 ulp-level differences (max 8e-7) in half of the hidden-state elements and 8
+changed DSA top-k indices in the carry; two different alternatives seen so far (one three times). A
+single thread (OMP_NUM_THREADS=1 or MKL_NUM_THREADS=1) gives the usual result, so it is not a
+thread-count change of the whole run; MKL_DYNAMIC=FALSE does not help (2 of 100 kills differed).
 Never seen outside the killer script (the test's KILLER: the API called from `python -c`): 45
 uninterrupted `kq quantize` runs gave one output; layer 0's forward repeated 300 times in one process,
 in a new thread each time, beside a busy thread, or in 60 fresh processes, always the usual result.
