@@ -121,6 +121,20 @@ def _lane_scaled(acc, part, xoff, s_ptrs, n_mask, FOLD: tl.constexpr, EVEN_N: tl
 
 
 @triton.jit
+def _lane_index(offs_n, stride_tile):
+    """Where the lane layout keeps things, shared by LANE mode and dequant_lane_kernel: column n's
+    word offset inside a 128-input block (n-tile (n // 8), column n % 8 of its 16 words), the
+    shifts of nibbles j + 4i in code-row order m = 2j + i, and code row r = 8t + 2j + i's input
+    inside its 32-input word column."""
+    col_off = (offs_n // 8) * stride_tile + (offs_n % 8) * 16
+    m8 = tl.arange(0, 8)
+    shifts = 4 * (m8 // 2 + 4 * (m8 % 2))
+    r = tl.arange(0, 32)
+    k_r = 16 * ((r % 8) // 4) + 4 * (r // 8) + 2 * ((r // 2) % 2) + r % 2
+    return col_off, shifts, k_r
+
+
+@triton.jit
 def _lane_loop(a_base, row_mask, q_base, s_base, offs_n, n_mask, K, stride_tile, stride_col, up_offset,
                kb_lo, kblocks, acc_g, acc_u, GROUP: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, FOLD: tl.constexpr, F32: tl.constexpr, EVEN_K: tl.constexpr,
@@ -131,13 +145,9 @@ def _lane_loop(a_base, row_mask, q_base, s_base, offs_n, n_mask, K, stride_tile,
     + 4t + wd, and its nibble j + 4i is input 128 kb + 32 wd + 16 (j // 2) + 4t + 2 (j % 2) + i: so
     word column wd is exactly the 32 inputs 128 kb + 32 wd .. +31, one dot per column (activations
     gathered in the codes' row order), and a group of 32/64/128 ends after a whole column."""
-    col_off = (offs_n // 8) * stride_tile + (offs_n % 8) * 16
+    col_off, shifts, k_r = _lane_index(offs_n, stride_tile)
     up_words = (up_offset // 8) * stride_tile      # up's n-tiles follow gate's (I is a multiple of 16)
     t4 = tl.arange(0, 4)
-    m8 = tl.arange(0, 8)                           # m = 2j + i
-    shifts = 4 * (m8 // 2 + 4 * (m8 % 2))
-    r = tl.arange(0, 32)                           # code row r = 8t + 2j + i -> its input in the column
-    k_r = 16 * ((r % 8) // 4) + 4 * (r // 8) + 2 * ((r // 2) % 2) + r % 2
     s_g = s_base + offs_n * stride_col
     s_u = s_base + (offs_n + up_offset) * stride_col
     COLS_PER_GROUP: tl.constexpr = GROUP // 32
@@ -367,15 +377,11 @@ def dequant_lane_kernel(q_ptr, stride_tile, s_ptr, stride_col, w_ptr, stride_wk,
     kb = tl.program_id(1)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    col_off = (offs_n // 8) * stride_tile + (offs_n % 8) * 16
+    col_off, shifts, k_r = _lane_index(offs_n, stride_tile)
     t4 = tl.arange(0, 4)
-    m8 = tl.arange(0, 8)
-    shifts = 4 * (m8 // 2 + 4 * (m8 % 2))
-    r = tl.arange(0, 32)
-    k_r = 16 * ((r % 8) // 4) + 4 * (r // 8) + 2 * ((r // 2) % 2) + r % 2
     for wd in tl.static_range(4):
         w = tl.load(q_ptr + col_off[None, :] + (kb * 128 + 4 * t4 + wd)[:, None], mask=n_mask[None, :], other=0)
-        c = tl.reshape((w[:, None, :] >> shifts[None, :, None]) & 0xF, (32, BLOCK_N)).to(tl.float32) - 8.0
+        c = _lane_codes(w, shifts, BLOCK_N, True, False)                  # fp32 q
         g = (kb * 128 + wd * 32) // GROUP
         s = tl.load(s_ptr + offs_n * stride_col + g, mask=n_mask, other=0.0).to(tl.float32)
         kk = kb * 128 + wd * 32 + k_r

@@ -143,10 +143,11 @@ class PrepackedMoE:
     lane: bool = False
 
 
-def lane_fits(hidden: int, intermediate: int) -> bool:
+def lane_fits(*sizes: int) -> bool:
     """The lane layout's shapes: the CUDA lane kernel works on pairs of 8-column n-tiles of every
-    matrix, so the hidden and intermediate sizes must be multiples of 16."""
-    return hidden % 16 == 0 and intermediate % 16 == 0
+    matrix, so its output sizes (a MoE's hidden and intermediate size, a linear's N) must be
+    multiples of 16."""
+    return all(n % 16 == 0 for n in sizes)
 
 
 def prepack_linear(weight_packed: torch.Tensor, weight_scale: torch.Tensor, group: int,
@@ -159,7 +160,7 @@ def prepack_linear(weight_packed: torch.Tensor, weight_scale: torch.Tensor, grou
     N, K8 = weight_packed.shape
     if lane:
         from .lane_layout import lane_pack      # imported here: lane_layout imports this module
-        if N % 16:
+        if not lane_fits(N):
             raise ValueError(f"prepack_linear(lane=True): {N} outputs is not a multiple of 16")
         q, s = lane_pack(weight_packed.unsqueeze(0), weight_scale.unsqueeze(0), group)
         return PrepackedLinear(q=q[0], s=s[0], out_features=N, in_features=K8 * 8, group=group, lane=True)

@@ -12,8 +12,7 @@ from .layout import PrepackedLinear, PrepackedMoE, dequantize_prepacked
 
 def w4a16_linear(x: torch.Tensor, w: PrepackedLinear) -> torch.Tensor:
     """x [..., K] -> [..., N] in x.dtype."""
-    dequant = dequantize_lane if w.lane else dequantize_prepacked
-    W = dequant(w.q.unsqueeze(0), w.s.unsqueeze(0), w.in_features, w.group)[0]              # [N, K]
+    W = _dequantize(w.q.unsqueeze(0), w.s.unsqueeze(0), w.in_features, w.group, w.lane)[0]   # [N, K]
     return (x.float() @ W.t()).to(x.dtype)
 
 
@@ -29,10 +28,14 @@ def local_expert_ids(topk_ids: torch.Tensor, expert_map: torch.Tensor | None) ->
     return torch.where(ids < 0, -1, mapped)
 
 
+def _dequantize(q: torch.Tensor, s: torch.Tensor, k: int, group: int, lane: bool) -> torch.Tensor:
+    """[E, ...] prepacked tensors of either layout -> float32 [E, N, k]."""
+    return (dequantize_lane if lane else dequantize_prepacked)(q, s, k, group)
+
+
 def _expert_weight(q: torch.Tensor, s: torch.Tensor, e: int, k: int, pp: PrepackedMoE) -> torch.Tensor:
     """Expert e's matrix of a PrepackedMoE as float32 [N, k], from either layout (pp.lane)."""
-    dequant = dequantize_lane if pp.lane else dequantize_prepacked
-    return dequant(q[e:e + 1], s[e:e + 1], k, pp.group)[0]
+    return _dequantize(q[e:e + 1], s[e:e + 1], k, pp.group, pp.lane)[0]
 
 
 def fused_moe_w4a16(x: torch.Tensor, pp: PrepackedMoE, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
