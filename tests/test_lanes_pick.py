@@ -1,5 +1,6 @@
-"""cuda_lanes.pick (CPU: host-side sizes only): every choice is an instance the extension builds, and
-the measured shapes get the instances the H200 runs chose (benchmarks/results/kernels.md)."""
+"""cuda_lanes on the CPU: pick (host-side sizes only) chooses instances the extension builds and,
+for the measured shapes, the instances the H200 runs chose (benchmarks/results/kernels.md); linear
+refuses a weight in the wrong layout before anything is built."""
 import pytest
 
 from kq.kernels import cuda_lanes
@@ -35,3 +36,14 @@ def test_down_drops_fold_at_group_128_only():
     e, h, i = SHAPES["glm52"]
     assert cuda_lanes.pick(512, e, h // 8, -(-i // 128), False, 128) == (2, 1, 4, False)
     assert cuda_lanes.pick(512, e, h // 8, -(-i // 128), False, 32) == (2, 1, 4, True)
+
+
+def test_the_cuda_linear_refuses_a_tiles_layout_weight_with_one_line():
+    import torch
+
+    from kq.kernels import prepack_linear
+    from kq.kernels.layout import pack_checkpoint_nibbles
+    w = prepack_linear(pack_checkpoint_nibbles(torch.full((1, 16, 128), 8))[0],
+                       torch.ones(16, 1, dtype=torch.bfloat16), 128)
+    with pytest.raises(ValueError, match=r"^cuda_lanes.linear: the weight must be prepacked with lane=True$"):
+        cuda_lanes.linear(torch.zeros(1, 128, dtype=torch.bfloat16), w)
