@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Decode table with SGLang's Marlin MoE on one lent H200 (nvidia-h200), one call: Marlin's JIT build
 # (about 300 s of nvcc on the host CPUs) starts first; meanwhile bench_kernels.py --lanes against
-# SGLang's FP8 MoE at 1/16/64 tokens, groups 128 and 32; then Marlin's rows on the same routings
-# (same seeds). carry: .whl-slim .gpu        results: $OUT/marlin1.tgz
+# SGLang's FP8 MoE at 1/16/64 tokens, groups 128 and 32; then Marlin's rows in a second process, on
+# the same routings since bench_kernels seeds them per case (before that change, which came after
+# this script's only run, the two processes shared only the first case's routings).
+# carry: .whl-slim .gpu        results: $OUT/marlin1.tgz
 source benchmarks/gpu_common.sh marlin1
 timeout 360 python3 benchmarks/bench_kernels.py --warm-marlin > "$R/marlin_warm.log" 2>&1 &
 W=$!
