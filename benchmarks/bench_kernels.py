@@ -113,7 +113,10 @@ def random_lane_moe(e, h, i, group):
 
 
 def routings(e, m, topk, r):
-    return [torch.stack([torch.randperm(e, device=DEV)[:topk] for _ in range(m)]).to(torch.int32)
+    """r random top-k routings of m tokens over e experts, from a generator seeded by the case alone,
+    so a run that times other kernels first (a --no-kq Marlin run) gets the same routings."""
+    g = torch.Generator(device=DEV).manual_seed(1000003 * e + 1009 * m + topk)
+    return [torch.stack([torch.randperm(e, device=DEV, generator=g)[:topk] for _ in range(m)]).to(torch.int32)
             for _ in range(r)]
 
 
@@ -292,7 +295,7 @@ def lanes_case(base, e, h, i, m, topk, group, tis, tw, a, touched):
         act = torch.randn(m * topk, i, device=DEV, dtype=torch.bfloat16)
         pick1 = cuda_lanes.pick(m * topk, e, i // 8, -(-h // 128), True, group)
         pick2 = cuda_lanes.pick(m * topk, e, h // 8, -(-i // 128), False, group)
-        name = lambda v: f"n{v[0]}k{v[1]}s{v[2]}{'' if v[3] else 'nf'}"   # noqa: E731
+        name = cuda_lanes.variant_name
         for v in cuda_lanes.GATE_UP_VARIANTS if decode else [pick1]:
             us = graph_us([lambda rt=rt: cuda_lanes.moe_gate_up(a, lm, rt, topk, v) for rt in rts])
             log({**base, "kind": f"lanes_g{group}_{name(v)}", "us": round(us, 2),
@@ -513,15 +516,16 @@ def dense_lanes(base, a, n, k, m, group, copies):
             pick = cuda_lanes.pick_dense(m, n // 8, kb)
             for v in cuda_lanes.DENSE_VARIANTS:
                 us = graph_us([lambda w=w: cuda_lanes.linear(a, w, v) for w in ws])
-                log({**base, "kind": f"lanes_dense_g{group}_n{v[0]}k{v[1]}s{v[2]}", "us": round(us, 2),
+                log({**base, "kind": f"lanes_dense_g{group}_{cuda_lanes.variant_name(v)}", "us": round(us, 2),
                      "GBps": round(n * k * bpw / us / 1e3, 1), "picked": v == pick})
         us = graph_us([lambda w=w: w4a16_linear(a, w) for w in ws])
         log({**base, "kind": f"kq_lane_g{group}", "us": round(us, 2), "GBps": round(n * k * bpw / us / 1e3, 1),
              "TFLOPs": round(2 * m * n * k / us / 1e6, 1)})
-        if m < kops.DEQUANT_GEMM_MIN_M:     # the Triton kernels on the lane layout (where the CUDA one is not)
-            us = graph_us([lambda w=w: kops.w4a16_linear(a, w) for w in ws])
+        if m < kops.DEQUANT_GEMM_MIN_M:     # Triton's LANE mode (forced: a lane linear dequantises from 32 rows)
+            us = graph_us([lambda w=w: kops.w4a16_linear(a, w, dequant_min_m=kops.DEQUANT_GEMM_MIN_M) for w in ws])
             log({**base, "kind": f"kq_lane_triton_g{group}", "us": round(us, 2),
-                 "GBps": round(n * k * bpw / us / 1e3, 1), "cfg": kops.dense_config(m, n, k, 132).__dict__})
+                 "GBps": round(n * k * bpw / us / 1e3, 1),
+                 "cfg": kops.dense_config(m, n, k, kops._num_sms(a.device)).__dict__})
             us = graph_us([lambda w=w: kops.w4a16_linear(a, w, dequant_min_m=1) for w in ws])
             log({**base, "kind": f"kq_lane_dequant_g{group}", "us": round(us, 2),
                  "GBps": round(n * k * bpw / us / 1e3, 1)})

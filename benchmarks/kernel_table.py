@@ -48,11 +48,10 @@ def picked(by: dict, case: str, m: int, prefix: str):
 def repicked(by: dict, case: str, m: int, prefix: str):
     """The same run's row of the instance kq.kernels.cuda_lanes.pick chooses now (gate+up, top-8)."""
     from bench_kernels import MOE_SHAPES
-    from kq.kernels.cuda_lanes import pick
+    from kq.kernels.cuda_lanes import pick, variant_name
     e, h, i = MOE_SHAPES[case]
     group = int(prefix.rstrip("_").rsplit("_g", 1)[1])
-    nt, ks, st, fold = pick(m * 8, e, i // 8, -(-h // 128), True, group)
-    return by.get((case, m, f"{prefix}n{nt}k{ks}s{st}{'' if fold else 'nf'}"))
+    return by.get((case, m, prefix + variant_name(pick(m * 8, e, i // 8, -(-h // 128), True, group))))
 
 
 def main(paths: list[str]) -> None:

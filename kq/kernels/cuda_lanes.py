@@ -67,6 +67,12 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: in
     return nt, ks, 4, fold
 
 
+def variant_name(v: tuple) -> str:
+    """An instance's name in benchmark rows: n<NT>k<KSPLIT>s<STAGES>, "nf" appended when FOLD is off
+    (dense instances, (NT, KSPLIT, STAGES), always fold)."""
+    return f"n{v[0]}k{v[1]}s{v[2]}{'' if len(v) < 4 or v[3] else 'nf'}"
+
+
 def pick_dense(rows: int, n_tiles: int, kb: int) -> tuple[int, int, int]:
     """(NT, KSPLIT, STAGES) for a dense linear: the MoE rule with one expert and rows in blocks of 8."""
     warps = -(-rows // 8) * -(-n_tiles // 4)
