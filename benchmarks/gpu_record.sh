@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The decode table of record on one lent H200 (nvidia-h200), one call, with SGLang's Marlin MoE:
+#  - Marlin's JIT build starts first in the background (about 300 s of nvcc on the host CPUs), into
+#    SGLANG_JIT_CACHE_DIR=/tmp/sgl_jit; when .gpu/sgl_jit.tgz travels (a build saved by an earlier
+#    call of this script: $OUT/rec/sgl_jit.tgz, copied there by hand) it is unpacked first, and the
+#    build is a cache hit;
+#  - meanwhile the kernel GPU tests, the decode table (bench_kernels.py --lanes against cuBLAS and
+#    SGLang's FP8 MoE at 1/16/64 tokens, groups 128 and 32, with the dense rows), and with NCU=1
+#    Nsight Compute on the lane kernel's picked instances (benchmarks/ncu_lanes.py);
+#  - then Marlin's rows in a second process (the routings are seeded per case: the same ones).
+# carry: .whl-slim .gpu        results: $OUT/rec.tgz (and $OUT/rec/sgl_jit.tgz when it was built here)
+source benchmarks/gpu_common.sh rec
+export SGLANG_JIT_CACHE_DIR=/tmp/sgl_jit
+mkdir -p "$SGLANG_JIT_CACHE_DIR"
+[ -f .gpu/sgl_jit.tgz ] && tar xzf .gpu/sgl_jit.tgz -C "$SGLANG_JIT_CACHE_DIR" && echo "marlin cache unpacked"
+timeout 360 python3 benchmarks/bench_kernels.py --warm-marlin > "$R/marlin_warm.log" 2>&1 &
+W=$!
+timeout "${TEST_TIMEOUT:-170}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py \
+  tests/test_kernels_lanes_gpu.py > "$R/pytest_gpu.log" 2>&1
+tail -1 "$R/pytest_gpu.log"; grep FAILED "$R/pytest_gpu.log" | head
+echo "tests done after $(( $(date +%s) - T0 )) s"
+timeout "${DECODE_TIMEOUT:-260}" python3 benchmarks/bench_kernels.py --out "$R" --lanes --peers dense,fp8 \
+  --moe glm52,kimi_tp8 --tokens 1,16,64 --groups 128,32 --dense-m "${DENSE_M:-1,8,16,64,4096}" > "$R/decode.log" 2>&1
+echo "decode rc $? after $(( $(date +%s) - T0 )) s"
+if [ "${NCU:-0}" = 1 ]; then
+  timeout "${NCU_TIMEOUT:-120}" ncu --clock-control none -k regex:moe_lanes_kernel --section SpeedOfLight \
+    --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
+    python3 benchmarks/ncu_lanes.py > "$R/ncu_lanes.log" 2>&1
+  echo "ncu rc $? after $(( $(date +%s) - T0 )) s"
+fi
+wait $W; echo "marlin warm rc $? after $(( $(date +%s) - T0 )) s"
+timeout "${MARLIN_TIMEOUT:-100}" python3 benchmarks/bench_kernels.py --out "$R" --no-kq --peers marlin --skip-dense \
+  --moe glm52,kimi_tp8 --tokens 1,16,64 --groups 128,32 --tag _marlin > "$R/marlin.log" 2>&1
+echo "marlin rows rc $? after $(( $(date +%s) - T0 )) s"
+python3 benchmarks/kernel_table.py "$R/decode.log" "$R/marlin.log"
+grep -iE "Traceback|error" "$R"/*.log | head -5
+[ -f .gpu/sgl_jit.tgz ] || tar czf "$OUT/sgl_jit.tgz" -C "$SGLANG_JIT_CACHE_DIR" . && ls -la "$OUT"
+tar czf "$OUT/rec.tgz" -C "$OUT" rec && rm -rf "$R"
