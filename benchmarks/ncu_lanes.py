@@ -12,6 +12,7 @@ only), then the dense 12288x6144 linear at M = 1 and 8 (lane layout, cuda_lanes.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -31,8 +32,13 @@ DENSE = (12288, 6144, (1, 8))
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default="", help="only these, e.g. kimi_tp8:16:128,dense:1 (default: all)")
+    only = set(ap.parse_args().cases.split(",")) - {""}
     torch.manual_seed(0)
     for name, m, group in MOE_CASES:
+        if only and f"{name}:{m}:{group}" not in only:
+            continue
         e, h, i = MOE_SHAPES[name]
         lm = random_lane_moe(e, h, i, group)
         ids = routings(e, m, 8, 1)[0]
@@ -51,6 +57,8 @@ def main() -> None:
                         (torch.rand(n // 8, 8, k // 128, device=DEV) * 1e-2 + 1e-3).to(torch.bfloat16),
                         n, k, 128, lane=True)
     for m in ms:
+        if only and f"dense:{m}" not in only:
+            continue
         a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
         for _ in range(2):
             cuda_lanes.linear(a, w)

@@ -169,11 +169,43 @@ __device__ __forceinline__ void load_xs(XS<NT, MATS>& s, const __nv_bfloat16* co
 // another (no barrier, no __syncwarp); STAGES - 1 blocks are in flight without holding registers.
 // A slot holds STREAMS = NT*MATS*2 streams (one column half of one tile and matrix) of 512 bytes.
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+#ifdef KQ_LANES_EVICT_FIRST
+  // experiment (benchmarks/lanes_ab.py): the weights are read once; marking their L2 lines
+  // evict-first leaves L2 to the activations and scales that every warp re-reads
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "l"(pol)
+               : "memory");
+#else
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+#endif
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+// Experiments (benchmarks/lanes_ab.py; off unless the build defines them): prefetch, when block kb's
+// weights are issued (STAGES - 1 blocks ahead), its scales into L2 (KQ_LANES_PF_SCALES; a column's
+// scales miss DRAM once per 32-byte sector, i.e. every 16 blocks at group 128, 4 at group 32, while the
+// register load is issued one block ahead) and its activation rows into L1 (KQ_LANES_PF_X).
+template <int NT, int MATS, int GROUP>
+__device__ __forceinline__ void prefetch_ahead(const __nv_bfloat16* const (&sb)[NT][MATS][2], const __nv_bfloat16* xr,
+                                               bool vr, int t, int kb, int K) {
+#ifdef KQ_LANES_PF_SCALES
+  if (t == 0) {
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+      for (int m = 0; m < MATS; ++m)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) asm volatile("prefetch.global.L2 [%0];" ::"l"(sb[i][m][c] + kb * (128 / GROUP)));
+  }
+#endif
+#ifdef KQ_LANES_PF_X
+  const int k = kb * 128 + 64 * t;                 // lanes t = 0, 1: the row's two 128-byte lines of the block
+  if (vr && t < 2 && k < K) asm volatile("prefetch.global.L1 [%0];" ::"l"(xr - 4 * t + k));
+#endif
+}
 
 template <int NT, int MATS>
 __device__ __forceinline__ void issue_w(uint32_t slot, const int4* const (&qb)[NT][MATS][2], int kb) {
@@ -252,7 +284,10 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(mine));
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (kb0 + s < kb1) issue_w<NT, MATS>(base + s * STREAMS * 512, qb, kb0 + s);
+    if (kb0 + s < kb1) {
+      issue_w<NT, MATS>(base + s * STREAMS * 512, qb, kb0 + s);
+      if (s > 0) prefetch_ahead<NT, MATS, GROUP>(sb, xr, vr, t, kb0 + s, p.K);   // block kb0's are loaded now
+    }
     cp_commit();                                   // empty groups too: one group per block, always
   }
   XS<NT, MATS> xs[2];
@@ -262,7 +297,10 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
     for (int j = 0; j < STAGES; ++j) {
       const int blk = kb + j;
       if (blk < kb1) {
-        if (blk + STAGES - 1 < kb1) issue_w<NT, MATS>(base + ((j + STAGES - 1) % STAGES) * STREAMS * 512, qb, blk + STAGES - 1);
+        if (blk + STAGES - 1 < kb1) {
+          issue_w<NT, MATS>(base + ((j + STAGES - 1) % STAGES) * STREAMS * 512, qb, blk + STAGES - 1);
+          prefetch_ahead<NT, MATS, GROUP>(sb, xr, vr, t, blk + STAGES - 1, p.K);
+        }
         cp_commit();
         if (blk + 1 < kb1) load_xs<NT, MATS, GROUP, EVEN_K>(xs[(j + 1) & 1], sb, xr, vr, blk + 1, K4);
         cp_wait<STAGES - 1>();                     // this block's group has landed

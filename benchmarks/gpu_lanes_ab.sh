@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One lent H200 (nvidia-h200), one call: benchmarks/lanes_ab.py (compile-time variants of the CUDA lane
+# kernel A/B'd on the decode cases that miss #3's targets), then Nsight Compute with source-level stall
+# sampling on the base build's picked instances (NCU_CASES, benchmarks/ncu_lanes.py --cases).
+# carry: .whl-slim .gpu        results: $OUT/ab.tgz
+source benchmarks/gpu_common.sh ab
+export MAX_JOBS=16
+timeout "${AB_TIMEOUT:-300}" python3 benchmarks/lanes_ab.py --variants "${AB_VARIANTS:-base,pfs,pfx,ef,all}" \
+  > "$R/ab.jsonl" 2> "$R/ab.err"
+echo "ab rc $? after $(( $(date +%s) - T0 )) s"; tail -3 "$R/ab.err"
+python3 - "$R/ab.jsonl" <<'PY'
+import json, sys, collections
+t = collections.defaultdict(list); same = {}
+for l in open(sys.argv[1]):
+    r = json.loads(l); t[(r["case"], r["stage"], r["variant"])].append(r["us"])
+    if r["same_as_base"] is False: same[(r["case"], r["stage"], r["variant"])] = False
+vs = list(dict.fromkeys(k[2] for k in t))
+print("case stage " + " ".join(vs))
+for c, s in dict.fromkeys((k[0], k[1]) for k in t):
+    b = min(t[(c, s, "base")])
+    print(c, s, " ".join(f"{min(t[(c, s, v)]):.1f}({b / min(t[(c, s, v)]):.3f})" for v in vs))
+print("outputs differing from base:", same or "none")
+PY
+if [ -n "${NCU_CASES:-}" ]; then
+  timeout "${NCU_TIMEOUT:-150}" ncu --clock-control none -k regex:moe_lanes_kernel --import-source no \
+    --section WarpStateStats --section SourceCounters --section SpeedOfLight -o "$R/src" \
+    python3 benchmarks/ncu_lanes.py --cases "$NCU_CASES" > "$R/ncu_run.log" 2>&1
+  echo "ncu rc $?"
+  ncu -i "$R/src.ncu-rep" --page raw --csv > "$R/ncu_raw.csv" 2>&1
+  ncu -i "$R/src.ncu-rep" --page source --print-source sass --csv > "$R/ncu_sass.csv" 2>&1
+  echo "ncu pages rc $?"; ls -la "$R"
+  rm -f "$R/src.ncu-rep"
+fi
+tar czf "$OUT/ab.tgz" -C "$OUT" ab && rm -rf "$R"

@@ -1,0 +1,115 @@
+"""A/B of compile-time variants of the CUDA lane kernel (macros in kq/kernels/cuda/moe_lanes.cuh) on
+the decode cases that miss #3's targets, in one process on the lent H200.
+
+    python3 benchmarks/lanes_ab.py --variants base,pfs,pfx,ef,all [--rounds 2]
+
+Each variant is the extension built under its own name with its -D flags (the builds run in parallel
+subprocesses first); the same picked instance (cuda_lanes.pick / pick_dense) is timed for every
+variant on the same weights and routings (CUDA graph over 12 routings, median of 15, bench_kernels'
+graph_us), in rounds whose variant order rotates, so drift shows. Every variant's outputs are compared
+bit for bit with the base build's first (the macros change where bytes are fetched, not the maths).
+One JSON row per timing on stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+from bench_kernels import DEV, MOE_SHAPES, graph_us, random_lane_moe, routings  # noqa: E402
+
+from kq.kernels import cuda_lanes  # noqa: E402
+from kq.kernels import triton_ops as kops  # noqa: E402
+from kq.kernels.layout import PACK_K, PrepackedLinear  # noqa: E402
+
+DEFINES = {
+    "base": [],
+    "pfs": ["-DKQ_LANES_PF_SCALES"],
+    "pfx": ["-DKQ_LANES_PF_X"],
+    "ef": ["-DKQ_LANES_EVICT_FIRST"],
+    "pfs_pfx": ["-DKQ_LANES_PF_SCALES", "-DKQ_LANES_PF_X"],
+    "all": ["-DKQ_LANES_PF_SCALES", "-DKQ_LANES_PF_X", "-DKQ_LANES_EVICT_FIRST"],
+}
+MOE_CASES = [("glm52", 1, 128), ("glm52", 16, 128), ("glm52", 16, 32), ("glm52", 64, 32),
+             ("kimi_tp8", 16, 128), ("kimi_tp8", 16, 32), ("kimi_tp8", 64, 128), ("kimi_tp8", 64, 32)]
+DENSE_MS = (1, 8)
+
+
+def build(variant: str):
+    from torch.utils.cpp_extension import load
+    src = cuda_lanes._SRC
+    return load(name=f"kq_moe_lanes_ab_{variant}", sources=[str(src / f) for f in cuda_lanes._SOURCES],
+                extra_include_paths=[str(src)], verbose=False,
+                extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a", *DEFINES[variant]])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variants", default="base,pfs,pfx,ef,all")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--build-one", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.build_one:
+        build(args.build_one)
+        return
+    names = args.variants.split(",")
+    for v in names:
+        if v not in DEFINES:
+            ap.error(f"unknown variant {v!r}; known: {', '.join(DEFINES)}")
+    procs = [subprocess.Popen([sys.executable, __file__, "--build-one", v]) for v in names]
+    if any(p.wait() for p in procs):
+        sys.exit("a variant's build failed")
+    mods = {v: build(v) for v in names}
+    torch.manual_seed(0)
+    cases = []
+    for name, m, group in MOE_CASES:
+        e, h, i = MOE_SHAPES[name]
+        lm = random_lane_moe(e, h, i, group)
+        rts = [kops.moe_align(ids, e, 8) for ids in routings(e, m, 8, 12)]
+        xs = torch.randn(m, h, device=DEV, dtype=torch.bfloat16)
+        acts = [torch.empty(m * 8, i, device=DEV, dtype=torch.bfloat16) for _ in rts]
+        ys = [torch.empty(m * 8, h, device=DEV, dtype=torch.bfloat16) for _ in rts]
+        gu = [lambda rt=rt, o=o, lm=lm, xs=xs: cuda_lanes.moe_gate_up(xs, lm, rt, 8, out=o) for rt, o in zip(rts, acts)]
+        dn = [lambda rt=rt, a=a, o=o, lm=lm: cuda_lanes.moe_down(a, lm, rt, out=o) for rt, a, o in zip(rts, acts, ys)]
+        cases.append((f"{name}:{m}:g{group}", "gate_up", gu, acts))
+        cases.append((f"{name}:{m}:g{group}", "down", dn, ys))
+    n, k = 12288, 6144
+    kb = k // PACK_K
+    w = PrepackedLinear(torch.randint(-2**31, 2**31 - 1, (n // 8, kb, 8, 4, 4), device=DEV, dtype=torch.int32),
+                        (torch.rand(n // 8, 8, k // 128, device=DEV) * 1e-2 + 1e-3).to(torch.bfloat16),
+                        n, k, 128, lane=True)
+    for m in DENSE_MS:
+        a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+        y = torch.empty(m, n, device=DEV, dtype=torch.bfloat16)
+        cases.append((f"dense_{n}x{k}:{m}", "linear", [lambda a=a, y=y: cuda_lanes.linear(a, w, out=y)], [y]))
+    ref = {}
+    for r in range(args.rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for case, stage, fns, outs in cases:
+            for v in order:
+                cuda_lanes._ext = lambda v=v: mods[v]       # the variant serves cuda_lanes' calls
+                for o in outs:
+                    o.fill_(float("nan"))
+                for fn in fns:
+                    fn()
+                torch.cuda.synchronize()
+                got = [o.clone() for o in outs]
+                same = None
+                if (case, stage) not in ref and v == "base":
+                    ref[(case, stage)] = got
+                elif (case, stage) in ref:
+                    same = all(torch.equal(g, h) for g, h in zip(got, ref[(case, stage)]))
+                us = graph_us(fns)
+                print(json.dumps({"round": r, "case": case, "stage": stage, "variant": v, "us": round(us, 2),
+                                  "same_as_base": same}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
