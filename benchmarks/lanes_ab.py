@@ -1,7 +1,7 @@
 """A/B of compile-time variants of the CUDA lane kernel (macros in kq/kernels/cuda/moe_lanes.cuh) on
 the decode cases that miss #3's targets, in one process on the lent H200.
 
-    python3 benchmarks/lanes_ab.py --variants base,pfs,pfx,ef,all [--rounds 2]
+    python3 benchmarks/lanes_ab.py --variants base,xsmem [--rounds 2]
 
 Each variant is the extension built under its own name with its -D flags (the builds run in parallel
 subprocesses first); the same picked instance (cuda_lanes.pick / pick_dense) is timed for every
@@ -31,11 +31,7 @@ from kq.kernels.layout import PACK_K, PrepackedLinear  # noqa: E402
 
 DEFINES = {
     "base": [],
-    "pfs": ["-DKQ_LANES_PF_SCALES"],
-    "pfx": ["-DKQ_LANES_PF_X"],
-    "ef": ["-DKQ_LANES_EVICT_FIRST"],
-    "pfs_pfx": ["-DKQ_LANES_PF_SCALES", "-DKQ_LANES_PF_X"],
-    "all": ["-DKQ_LANES_PF_SCALES", "-DKQ_LANES_PF_X", "-DKQ_LANES_EVICT_FIRST"],
+    "xsmem": ["-DKQ_LANES_XSMEM"],
 }
 MOE_CASES = [("glm52", 1, 128), ("glm52", 16, 128), ("glm52", 16, 32), ("glm52", 64, 32),
              ("kimi_tp8", 16, 128), ("kimi_tp8", 16, 32), ("kimi_tp8", 64, 128), ("kimi_tp8", 64, 32)]
@@ -52,8 +48,10 @@ def build(variant: str):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", default="base,pfs,pfx,ef,all")
+    ap.add_argument("--variants", default="base,xsmem")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--all-instances", action="store_true",
+                    help="time every instance of each stage, not only the picked one (pick's rows)")
     ap.add_argument("--build-one", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.build_one:
@@ -76,10 +74,16 @@ def main() -> None:
         xs = torch.randn(m, h, device=DEV, dtype=torch.bfloat16)
         acts = [torch.empty(m * 8, i, device=DEV, dtype=torch.bfloat16) for _ in rts]
         ys = [torch.empty(m * 8, h, device=DEV, dtype=torch.bfloat16) for _ in rts]
-        gu = [lambda rt=rt, o=o, lm=lm, xs=xs: cuda_lanes.moe_gate_up(xs, lm, rt, 8, out=o) for rt, o in zip(rts, acts)]
-        dn = [lambda rt=rt, a=a, o=o, lm=lm: cuda_lanes.moe_down(a, lm, rt, out=o) for rt, a, o in zip(rts, acts, ys)]
-        cases.append((f"{name}:{m}:g{group}", "gate_up", gu, acts))
-        cases.append((f"{name}:{m}:g{group}", "down", dn, ys))
+        for stage, insts in (("gate_up", cuda_lanes.GATE_UP_VARIANTS), ("down", cuda_lanes.DOWN_VARIANTS)):
+            for inst in insts if args.all_instances else [None]:
+                if stage == "gate_up":
+                    fns = [lambda rt=rt, o=o, lm=lm, xs=xs, inst=inst: cuda_lanes.moe_gate_up(xs, lm, rt, 8, inst, out=o)
+                           for rt, o in zip(rts, acts)]
+                else:
+                    fns = [lambda rt=rt, a=a, o=o, lm=lm, inst=inst: cuda_lanes.moe_down(a, lm, rt, inst, out=o)
+                           for rt, a, o in zip(rts, acts, ys)]
+                cases.append((f"{name}:{m}:g{group}", stage + (f":{cuda_lanes.variant_name(inst)}" if inst else ""),
+                              fns, acts if stage == "gate_up" else ys))
     n, k = 12288, 6144
     kb = k // PACK_K
     w = PrepackedLinear(torch.randint(-2**31, 2**31 - 1, (n // 8, kb, 8, 4, 4), device=DEV, dtype=torch.int32),
@@ -88,7 +92,9 @@ def main() -> None:
     for m in DENSE_MS:
         a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
         y = torch.empty(m, n, device=DEV, dtype=torch.bfloat16)
-        cases.append((f"dense_{n}x{k}:{m}", "linear", [lambda a=a, y=y: cuda_lanes.linear(a, w, out=y)], [y]))
+        for inst in cuda_lanes.DENSE_VARIANTS if args.all_instances else [None]:
+            cases.append((f"dense_{n}x{k}:{m}", "linear" + (f":{cuda_lanes.variant_name(inst)}" if inst else ""),
+                          [lambda a=a, y=y, inst=inst: cuda_lanes.linear(a, w, inst, out=y)], [y]))
     ref = {}
     for r in range(args.rounds):
         order = names[r % len(names):] + names[:r % len(names)]

@@ -128,6 +128,17 @@ __device__ __forceinline__ void block_mma(const int4 (&w)[NT][MATS][2], const ui
   }
 }
 
+// KQ_LANES_XSMEM (experiment, benchmarks/lanes_ab.py): the activations go through the ring too, each
+// lane copying its own 8 bytes per step (XSLOT bytes per warp and slot, chunk-major so a lane reads them
+// back with 4 conflict-free 16-byte loads), STAGES - 1 blocks ahead like the weights: Nsight Compute put
+// the single-wave cases' top stall on the first mma of a block, waiting for the activations that the
+// register sets bring only one block ahead.
+#ifdef KQ_LANES_XSMEM
+constexpr int XSLOT = 2048;
+#else
+constexpr int XSLOT = 0;
+#endif
+
 // The activations and scales of one 128-input block, in registers (two sets: the next block's are
 // loaded while this one is multiplied): one 8-byte load per step (token g's inputs 16 step + 4t .. +3,
 // zero past K unless EVEN_K) and one 2-, 4- or 8-byte load of each column's scales.
@@ -137,7 +148,7 @@ struct XS {
   uint2 sc[NT][MATS][2];
 };
 
-template <int NT, int MATS, int GROUP, bool EVEN_K>
+template <int NT, int MATS, int GROUP, bool EVEN_K, bool LOAD_X = XSLOT == 0>
 __device__ __forceinline__ void load_xs(XS<NT, MATS>& s, const __nv_bfloat16* const (&sb)[NT][MATS][2],
                                         const __nv_bfloat16* xr, bool vr, int kb, int K4) {
   constexpr int GPB = 128 / GROUP;               // groups per block
@@ -156,6 +167,7 @@ __device__ __forceinline__ void load_xs(XS<NT, MATS>& s, const __nv_bfloat16* co
           s.sc[i][m][c] = make_uint2(__ldg(reinterpret_cast<const unsigned short*>(sp)), 0u);
         }
       }
+  if (!LOAD_X) return;                             // the ring brings them (KQ_LANES_XSMEM)
 #pragma unroll
   for (int st = 0; st < 8; ++st) {
     const int k = kb * 128 + 16 * st;              // + 4t inside xr; K4 = K - 4t
@@ -169,42 +181,25 @@ __device__ __forceinline__ void load_xs(XS<NT, MATS>& s, const __nv_bfloat16* co
 // another (no barrier, no __syncwarp); STAGES - 1 blocks are in flight without holding registers.
 // A slot holds STREAMS = NT*MATS*2 streams (one column half of one tile and matrix) of 512 bytes.
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
-#ifdef KQ_LANES_EVICT_FIRST
-  // experiment (benchmarks/lanes_ab.py): the weights are read once; marking their L2 lines
-  // evict-first leaves L2 to the activations and scales that every warp re-reads
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "l"(pol)
-               : "memory");
-#else
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-#endif
+}
+// 8 bytes (cp.async.ca: below 16 bytes only through L1); src_bytes 0 writes zeros (inputs past K)
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
-// Experiments (benchmarks/lanes_ab.py; off unless the build defines them): prefetch, when block kb's
-// weights are issued (STAGES - 1 blocks ahead), its scales into L2 (KQ_LANES_PF_SCALES; a column's
-// scales miss DRAM once per 32-byte sector, i.e. every 16 blocks at group 128, 4 at group 32, while the
-// register load is issued one block ahead) and its activation rows into L1 (KQ_LANES_PF_X).
-template <int NT, int MATS, int GROUP>
-__device__ __forceinline__ void prefetch_ahead(const __nv_bfloat16* const (&sb)[NT][MATS][2], const __nv_bfloat16* xr,
-                                               bool vr, int t, int kb, int K) {
-#ifdef KQ_LANES_PF_SCALES
-  if (t == 0) {
+
+template <int EVEN_K>
+__device__ __forceinline__ void issue_x(uint32_t xslot, const __nv_bfloat16* xr, bool vr, int kb, int K4) {
+  if (!vr) return;                               // rows past the block's count: their outputs are never stored
 #pragma unroll
-    for (int i = 0; i < NT; ++i)
-#pragma unroll
-      for (int m = 0; m < MATS; ++m)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) asm volatile("prefetch.global.L2 [%0];" ::"l"(sb[i][m][c] + kb * (128 / GROUP)));
+  for (int st = 0; st < 8; ++st) {
+    const int k = kb * 128 + 16 * st;
+    cp_async8(xslot + ((st >> 1) * 32) * 16 + (st & 1) * 8, xr + (EVEN_K || k < K4 ? k : 0), EVEN_K || k < K4 ? 8 : 0);
   }
-#endif
-#ifdef KQ_LANES_PF_X
-  const int k = kb * 128 + 64 * t;                 // lanes t = 0, 1: the row's two 128-byte lines of the block
-  if (vr && t < 2 && k < K) asm volatile("prefetch.global.L1 [%0];" ::"l"(xr - 4 * t + k));
-#endif
 }
 
 template <int NT, int MATS>
@@ -240,7 +235,8 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
   constexpr int STREAMS = NT * MATS * 2;
   constexpr int ACC = NT * MATS * 4;              // accumulators per lane
   static_assert(ACC * 4 <= STREAMS * 16, "the K-split sum reuses a ring slot");
-  extern __shared__ int4 ring[];                   // [WARPS][STAGES][STREAMS][32 lanes]
+  constexpr int SLOT16 = STREAMS * 32 + XSLOT / 16;   // one ring slot of a warp, in 16-byte units
+  extern __shared__ int4 ring[];                   // [WARPS][STAGES][SLOT16]: [STREAMS][32 lanes] (+ x chunks)
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -280,13 +276,13 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
   const int per = (p.kb_total + KSPLIT - 1) / KSPLIT;
   const int kb0 = kpart * per;
   const int kb1 = active ? min(p.kb_total, kb0 + per) : kb0;
-  int4* mine = ring + (size_t)warp * STAGES * STREAMS * 32 + lane;
+  int4* mine = ring + (size_t)warp * STAGES * SLOT16 + lane;
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(mine));
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (kb0 + s < kb1) {
-      issue_w<NT, MATS>(base + s * STREAMS * 512, qb, kb0 + s);
-      if (s > 0) prefetch_ahead<NT, MATS, GROUP>(sb, xr, vr, t, kb0 + s, p.K);   // block kb0's are loaded now
+      issue_w<NT, MATS>(base + s * SLOT16 * 16, qb, kb0 + s);
+      if (XSLOT) issue_x<EVEN_K>(base + s * SLOT16 * 16 + STREAMS * 512, xr, vr, kb0 + s, K4);
     }
     cp_commit();                                   // empty groups too: one group per block, always
   }
@@ -298,8 +294,9 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
       const int blk = kb + j;
       if (blk < kb1) {
         if (blk + STAGES - 1 < kb1) {
-          issue_w<NT, MATS>(base + ((j + STAGES - 1) % STAGES) * STREAMS * 512, qb, blk + STAGES - 1);
-          prefetch_ahead<NT, MATS, GROUP>(sb, xr, vr, t, blk + STAGES - 1, p.K);
+          const uint32_t slot = base + ((j + STAGES - 1) % STAGES) * SLOT16 * 16;
+          issue_w<NT, MATS>(slot, qb, blk + STAGES - 1);
+          if (XSLOT) issue_x<EVEN_K>(slot + STREAMS * 512, xr, vr, blk + STAGES - 1, K4);
         }
         cp_commit();
         if (blk + 1 < kb1) load_xs<NT, MATS, GROUP, EVEN_K>(xs[(j + 1) & 1], sb, xr, vr, blk + 1, K4);
@@ -310,7 +307,15 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
 #pragma unroll
           for (int m = 0; m < MATS; ++m)
 #pragma unroll
-            for (int c = 0; c < 2; ++c) w[i][m][c] = mine[(j * STREAMS + (i * MATS + m) * 2 + c) * 32];
+            for (int c = 0; c < 2; ++c) w[i][m][c] = mine[j * SLOT16 + ((i * MATS + m) * 2 + c) * 32];
+        if (XSLOT) {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            const int4 v = mine[j * SLOT16 + STREAMS * 32 + c * 32];
+            xs[j & 1].x[2 * c] = make_uint2(v.x, v.y);
+            xs[j & 1].x[2 * c + 1] = make_uint2(v.z, v.w);
+          }
+        }
         block_mma<NT, MATS, GROUP, FOLD>(w, xs[j & 1].x, xs[j & 1].sc, part, acc, xoff);
       }
     }
@@ -319,14 +324,14 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
   if constexpr (KSPLIT > 1) {   // sum the K parts in the warps' own slot 0, lane-major (conflict-free)
     cp_wait<0>();
     float* a = &acc[0][0][0];
-    float* red = reinterpret_cast<float*>(ring + (size_t)warp * STAGES * STREAMS * 32);
+    float* red = reinterpret_cast<float*>(ring + (size_t)warp * STAGES * SLOT16);
 #pragma unroll
     for (int j = 0; j < ACC; ++j) red[j * 32 + lane] = a[j];
     __syncthreads();
     if (kpart != 0 || !active) return;
 #pragma unroll
     for (int q = 1; q < KSPLIT; ++q) {
-      const float* other = reinterpret_cast<const float*>(ring + (size_t)(warp + q) * STAGES * STREAMS * 32);
+      const float* other = reinterpret_cast<const float*>(ring + (size_t)(warp + q) * STAGES * SLOT16);
 #pragma unroll
       for (int j = 0; j < ACC; ++j) a[j] += other[j * 32 + lane];
     }
@@ -364,7 +369,7 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
 #define KQ_LANES_TRY(NT_, GATED_, GROUP_, KSPLIT_, STAGES_, FOLD_)                                        \
   if (nt == NT_ && (gated != 0) == GATED_ && ksplit == KSPLIT_ && stages == STAGES_ && (fold != 0) == FOLD_) { \
     constexpr int CG = kq_lanes_warps / KSPLIT_;                                                         \
-    constexpr int SMEM = kq_lanes_warps * STAGES_ * NT_ * (GATED_ ? 2 : 1) * 2 * 512;                    \
+    constexpr int SMEM = kq_lanes_warps * STAGES_ * (NT_ * (GATED_ ? 2 : 1) * 2 * 512 + kq_lanes::XSLOT);  \
     const dim3 grid((n_tiles + 2 * NT_ * CG - 1) / (2 * NT_ * CG), n_blocks);                            \
     if (K % 128 == 0) {                                                                                  \
       auto* k = kq_lanes::moe_lanes_kernel<NT_, GATED_, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, FOLD_, true, false>; \
@@ -390,7 +395,7 @@ constexpr int kq_lanes_warps = 4;
 #define KQ_LANES_DENSE_TRY(NT_, GROUP_, KSPLIT_, STAGES_)                                                  \
   if (nt == NT_ && ksplit == KSPLIT_ && stages == STAGES_) {                                             \
     constexpr int CG = kq_lanes_warps / KSPLIT_;                                                         \
-    constexpr int SMEM = kq_lanes_warps * STAGES_ * NT_ * 2 * 512;                                       \
+    constexpr int SMEM = kq_lanes_warps * STAGES_ * (NT_ * 2 * 512 + kq_lanes::XSLOT);                  \
     const dim3 grid((p.rows + 7) / 8, (n_tiles + 2 * NT_ * CG - 1) / (2 * NT_ * CG));                    \
     auto* k = K % 128 == 0                                                                               \
         ? kq_lanes::moe_lanes_kernel<NT_, false, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, true, true, true>   \
