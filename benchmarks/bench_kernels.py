@@ -282,7 +282,7 @@ LANES: list[bool] = []      # --lanes: also time the experimental CUDA decode Mo
 def lanes_case(base, e, h, i, m, topk, group, tis, tw, a, touched):
     """kq on the lane layout, random checkpoint-format weights. The CUDA kernel's gate+up and down
     alone (routing outside the timing, blocks of 8 pairs; "picked" marks what the product runs): at
-    decode sizes every (NT, KSPLIT, STAGES, FOLD) instance, above them the picked one. Every size:
+    decode sizes every (NT, KSPLIT, STAGES, FOLD[, XSM]) instance, above them the picked one. Every size:
     the whole MoE through the public kq.kernels.fused_moe_w4a16 (the CUDA kernel), and above decode
     sizes Triton's LANE gate+up alone (what serves where the CUDA kernel does not build)."""
     from kq.kernels import cuda_lanes, fused_moe_w4a16
@@ -296,7 +296,8 @@ def lanes_case(base, e, h, i, m, topk, group, tis, tw, a, touched):
         pick1 = cuda_lanes.pick(m * topk, e, i // 8, -(-h // 128), True, group)
         pick2 = cuda_lanes.pick(m * topk, e, h // 8, -(-i // 128), False, group)
         name = cuda_lanes.variant_name
-        for v in cuda_lanes.GATE_UP_VARIANTS if decode else [pick1]:
+        xsm = cuda_lanes.GATE_UP_XSM_VARIANTS if group == 128 else []
+        for v in cuda_lanes.GATE_UP_VARIANTS + xsm if decode else [pick1]:
             us = graph_us([lambda rt=rt: cuda_lanes.moe_gate_up(a, lm, rt, topk, v) for rt in rts])
             log({**base, "kind": f"lanes_g{group}_{name(v)}", "us": round(us, 2),
                  "GBps": round(touched * 2 * i * h * bpw / us / 1e3, 1), "picked": v == pick1})

@@ -5,7 +5,7 @@
 # carry: .whl-slim .gpu        results: $OUT/ab.tgz
 source benchmarks/gpu_common.sh ab
 export MAX_JOBS=16
-timeout "${AB_TIMEOUT:-300}" python3 benchmarks/lanes_ab.py --variants "${AB_VARIANTS:-base,xsmem}" ${AB_ARGS:-} \
+timeout "${AB_TIMEOUT:-300}" python3 benchmarks/lanes_ab.py --variants "${AB_VARIANTS:-base}" ${AB_ARGS:-} \
   > "$R/ab.jsonl" 2> "$R/ab.err"
 echo "ab rc $? after $(( $(date +%s) - T0 )) s"; tail -3 "$R/ab.err"
 python3 - "$R/ab.jsonl" <<'PY'

@@ -13,7 +13,7 @@ source benchmarks/gpu_common.sh rec
 export SGLANG_JIT_CACHE_DIR=/tmp/sgl_jit
 mkdir -p "$SGLANG_JIT_CACHE_DIR"
 [ -f .gpu/sgl_jit.tgz ] && tar xzf .gpu/sgl_jit.tgz -C "$SGLANG_JIT_CACHE_DIR" && echo "marlin cache unpacked"
-timeout 360 python3 benchmarks/bench_kernels.py --warm-marlin > "$R/marlin_warm.log" 2>&1 &
+timeout "${MARLIN_WARM_TIMEOUT:-480}" python3 benchmarks/bench_kernels.py --warm-marlin > "$R/marlin_warm.log" 2>&1 &
 W=$!
 timeout "${TEST_TIMEOUT:-170}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py \
   tests/test_kernels_lanes_gpu.py > "$R/pytest_gpu.log" 2>&1

@@ -1,7 +1,7 @@
 """A/B of compile-time variants of the CUDA lane kernel (macros in kq/kernels/cuda/moe_lanes.cuh) on
 the decode cases that miss #3's targets, in one process on the lent H200.
 
-    python3 benchmarks/lanes_ab.py --variants base,xsmem [--rounds 2]
+    python3 benchmarks/lanes_ab.py --variants base [--rounds 2]
 
 Each variant is the extension built under its own name with its -D flags (the builds run in parallel
 subprocesses first); the same picked instance (cuda_lanes.pick / pick_dense) is timed for every
@@ -29,9 +29,10 @@ from kq.kernels import cuda_lanes  # noqa: E402
 from kq.kernels import triton_ops as kops  # noqa: E402
 from kq.kernels.layout import PACK_K, PrepackedLinear  # noqa: E402
 
+# -D flags per variant (the seventh session A/B'd scale and activation prefetches, evict-first weights and
+# the activations through the ring here: benchmarks/results/kernels.md; the last became the XSM instances)
 DEFINES = {
     "base": [],
-    "xsmem": ["-DKQ_LANES_XSMEM"],
 }
 MOE_CASES = [("glm52", 1, 128), ("glm52", 16, 128), ("glm52", 16, 32), ("glm52", 64, 32),
              ("kimi_tp8", 16, 128), ("kimi_tp8", 16, 32), ("kimi_tp8", 64, 128), ("kimi_tp8", 64, 32)]
@@ -48,7 +49,7 @@ def build(variant: str):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", default="base,xsmem")
+    ap.add_argument("--variants", default="base")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--all-instances", action="store_true",
                     help="time every instance of each stage, not only the picked one (pick's rows)")
@@ -74,7 +75,8 @@ def main() -> None:
         xs = torch.randn(m, h, device=DEV, dtype=torch.bfloat16)
         acts = [torch.empty(m * 8, i, device=DEV, dtype=torch.bfloat16) for _ in rts]
         ys = [torch.empty(m * 8, h, device=DEV, dtype=torch.bfloat16) for _ in rts]
-        for stage, insts in (("gate_up", cuda_lanes.GATE_UP_VARIANTS), ("down", cuda_lanes.DOWN_VARIANTS)):
+        gate_up = cuda_lanes.GATE_UP_VARIANTS + (cuda_lanes.GATE_UP_XSM_VARIANTS if group == 128 else [])
+        for stage, insts in (("gate_up", gate_up), ("down", cuda_lanes.DOWN_VARIANTS)):
             for inst in insts if args.all_instances else [None]:
                 if stage == "gate_up":
                     fns = [lambda rt=rt, o=o, lm=lm, xs=xs, inst=inst: cuda_lanes.moe_gate_up(xs, lm, rt, 8, inst, out=o)

@@ -80,6 +80,28 @@ def test_every_instance_matches_float64(variants, group):
     assert _rel(y, torch.einsum("pi,phi->ph", a.double(), w2[flat])) < 1e-2
 
 
+@pytest.mark.parametrize("variant", lanes.GATE_UP_XSM_VARIANTS)
+@pytest.mark.parametrize("H", [640, 1152])
+def test_xsm_instances_match_float64(variant, H):
+    """The gate+up instances whose activations go through the ring (group 128, so K is whole blocks): K of
+    5 and 9 blocks (not multiples of the ring's 4 slots), 11 tokens of which one expert gets 11 pairs
+    (two routed blocks), outputs poisoned."""
+    from kq.kernels.triton_ops import moe_align
+    gen = torch.Generator(device=DEV).manual_seed(H + variant[0])
+    E, I, T, k, group = 32, 384, 11, 4, 128
+    p13, s13, w13 = _weights(E, 2 * I, H, group, gen)
+    p2, s2, _ = _weights(E, H, I, group, gen)
+    lm = prepack_moe(p13, s13, p2, s2, group, lane=True)
+    ids = torch.stack([torch.randperm(12, generator=gen, device=DEV)[:k] for _ in range(T)])
+    ids[:, 0] = 5
+    ids = ids.to(torch.int32)
+    rt = moe_align(ids, E, 8)
+    x = (torch.randn(T, H, generator=gen, device=DEV) + 1.0).to(torch.bfloat16)
+    act = lanes.moe_gate_up(x, lm, rt, k, variant, out=torch.full((T * k, I), float("nan"), device=DEV, dtype=torch.bfloat16))
+    z = torch.einsum("ph,pnh->pn", x.double()[torch.arange(T * k, device=DEV) // k], w13[ids.view(-1).long()])
+    assert _rel(act, z[:, :I] / (1 + torch.exp(-z[:, :I])) * z[:, I:]) < 1e-2
+
+
 @pytest.mark.parametrize("E,T,k", [(64, 4, 8), (16, 300, 4)])
 def test_public_moe_on_the_lane_layout_runs_the_cuda_kernel(E, T, k):
     """kq.kernels.fused_moe_w4a16 on a lane-layout layer: the CUDA kernel at decode sizes and above

@@ -14,17 +14,20 @@ SHAPES = {"glm52": (256, 6144, 2048), "kimi_tp8": (384, 7168, 256), "glm47": (16
 @pytest.mark.parametrize("group", [32, 64, 128])
 def test_every_pick_is_a_built_instance(shape, tokens, group):
     e, h, i = SHAPES[shape]
-    assert cuda_lanes.pick(tokens * 8, e, i // 8, -(-h // 128), True, group) in cuda_lanes.GATE_UP_VARIANTS
+    v = cuda_lanes.pick(tokens * 8, e, i // 8, -(-h // 128), True, group)
+    assert v in cuda_lanes.GATE_UP_VARIANTS or (group == 128 and v in cuda_lanes.GATE_UP_XSM_VARIANTS)
     assert cuda_lanes.pick(tokens * 8, e, h // 8, -(-i // 128), False, group) in cuda_lanes.DOWN_VARIANTS
 
 
 @pytest.mark.parametrize("shape,tokens,group,want", [
     ("kimi_tp8", 1, 128, (1, 4, 4, False)),   # a quarter wave: split K, FOLD off
-    ("glm52", 1, 128, (1, 1, 4, False)),      # under one wave: FOLD off
+    ("glm52", 1, 128, (1, 1, 4, True, True)),  # group 128, up to four waves: activations through the ring
     ("glm52", 1, 32, (1, 1, 4, False)),
     ("kimi_tp8", 16, 32, (2, 1, 4, True)),    # just past one wave with one tile pair per warp: two
-    ("kimi_tp8", 16, 128, (1, 1, 4, False)),  # the same at 16 warps per SM: one wave
-    ("glm52", 16, 128, (1, 1, 4, True)),
+    ("kimi_tp8", 16, 128, (2, 1, 4, True, True)),  # just past one wave of XSM warps: two tile pairs
+    ("kimi_tp8", 64, 128, (1, 1, 4, True, True)),  # 3.9 waves of XSM warps
+    ("glm52", 16, 128, (1, 1, 4, True)),       # ten waves: the register sets
+    ("glm52", 1, 64, (1, 1, 4, False)),        # no XSM instances below group 128: under one wave, FOLD off
     ("kimi_tp8", 64, 32, (1, 1, 4, True)),
 ])
 def test_gate_up_picks_of_the_measured_shapes(shape, tokens, group, want):

@@ -23,12 +23,18 @@ _SOURCES = ["moe_lanes_binding.cpp", "moe_lanes_launch.cu", "moe_lanes_g128.cu",
 # (NT, KSPLIT, STAGES, FOLD) instances every group size's file builds (moe_lanes.cuh KQ_LANES_VARIANTS)
 GATE_UP_VARIANTS = [(1, 1, 4, True), (1, 1, 6, True), (1, 4, 4, True), (2, 1, 4, True), (1, 1, 4, False),
                     (1, 4, 4, False)]
+# gate+up instances whose activations go through the shared-memory ring too (XSM: 5-tuples ending in True),
+# group 128 only (moe_lanes.cuh KQ_LANES_XSM_128)
+GATE_UP_XSM_VARIANTS = [(1, 1, 4, True, True), (2, 1, 4, True, True)]
 DOWN_VARIANTS = [(2, 1, 4, True), (2, 1, 6, True), (2, 4, 4, True), (2, 1, 4, False), (1, 1, 4, True),
                  (2, 4, 4, False)]
 # (NT, KSPLIT, STAGES) of the dense instances (one matrix, no routing; FOLD on): KQ_LANES_DENSE_VARIANTS
 DENSE_VARIANTS = [(1, 1, 4), (2, 1, 4), (1, 2, 4), (2, 2, 4), (1, 4, 4), (2, 4, 4), (2, 4, 6), (2, 4, 8), (2, 2, 8)]
 # the MoE grid's y dimension holds the routing blocks (8 pairs each): CUDA's limit
 MAX_BLOCKS = 65535
+# warps resident with the XSM instances' larger ring slots: 3 CTAs of 4 warps per multiprocessor at one
+# tile pair per warp (64 KB of ring each), 2 at two (96 KB)
+XSM_RESIDENT = {1: 132 * 12, 2: 132 * 8}
 # 12 warps on each of an H200's 132 multiprocessors: pick's split threshold is half of this, set from
 # the measured rows (Kimi TP-8 at 1 token: 128 warps, split 4 ways 2.5x faster; GLM-5.2 at 1 token:
 # 1024 warps, no split as fast; benchmarks/results/kernels.md, fifth session)
@@ -42,21 +48,32 @@ def _ext():
                 extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"], verbose=False)
 
 
-def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: int = 128) -> tuple[int, int, int, bool]:
-    """(NT, KSPLIT, STAGES, FOLD) for a stage, from host-side sizes only (no routing data: graph
-    capture). Each rule comes from the instance rows of three H200 runs (benchmarks/results/h200/
-    kernels_s5_0242e99.jsonl, kernels_s6_79490cf.jsonl, kernels_s6_decode_dd9b8b5.jsonl):
+def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: int = 128) -> tuple:
+    """(NT, KSPLIT, STAGES, FOLD[, XSM]) for a stage, from host-side sizes only (no routing data: graph
+    capture). Each rule comes from the instance rows of H200 runs (benchmarks/results/h200/
+    kernels_s5_0242e99.jsonl, kernels_s6_79490cf.jsonl, kernels_s6_decode_dd9b8b5.jsonl, and the seventh
+    session's lanes_ab rows, lanes_ab_s7_6885996.jsonl):
     - split K 4 ways when fewer than half a wave of warps would be resident and each keeps >= 4
       blocks (Kimi TP-8 at 1 token: 12.4 against 31 us);
-    - gate+up: two tile pairs per warp when one pair per warp would spill just past one wave and two
-      fit in it (Kimi TP-8, 16 tokens, group 32: 72.4-72.8 against 83.9-84.5 us); FOLD off when the
-      warps do not fill one wave (GLM-5.2, 1 token: 33.6-34.0 against 36.8-36.9 us at group 128,
-      39.3-39.7 against 41.2-41.7 at 32);
+    - gate+up at group 128, up to about four waves of one-pair warps: the XSM instances (activations
+      through the ring), two tile pairs per warp where one pair per warp would just not fit one wave
+      of them but two do (GLM-5.2 1 token: 32.1 against 33.7 us; Kimi TP-8 16 tokens: 60.0 against
+      64.9; 64 tokens: 143.6 against 151.5; GLM-5.2 16 tokens, ten waves: 327.1 against 326.0, so not
+      there);
+    - gate+up otherwise: two tile pairs per warp when one pair per warp would spill just past one
+      wave and two fit in it (Kimi TP-8, 16 tokens, group 32: 72.4-72.8 against 83.9-84.5 us); FOLD
+      off when the warps do not fill one wave (GLM-5.2, 1 token: 33.6-34.0 against 36.8-36.9 us at
+      group 128, 39.3-39.7 against 41.2-41.7 at 32);
     - down: FOLD off at group 128 (GLM-5.2, 64 tokens: 365.8-375.9 against 390.9-398.4 us; elsewhere
       within 1 %); kept at group 32, where Kimi's down runs 1-4 % slower without it."""
     resident = 132 * 16 if group == 128 else SMS_WARPS      # 120 registers at group 128, up to 168 below
     nt = 1 if gated else 2
     warps = min(pairs, experts) * -(-n_tiles // (2 * nt))
+    ks = 4 if warps < SMS_WARPS // 2 and kb >= 16 else 1
+    if gated and group == 128 and ks == 1 and warps <= 4 * XSM_RESIDENT[1]:
+        if XSM_RESIDENT[1] < warps <= 2 * XSM_RESIDENT[2]:
+            return 2, 1, 4, True, True
+        return 1, 1, 4, True, True
     if gated and resident < warps <= 2 * resident:
         nt, warps = 2, warps // 2
     ks = 4 if warps < SMS_WARPS // 2 and kb >= 16 else 1
@@ -68,9 +85,9 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: in
 
 
 def variant_name(v: tuple) -> str:
-    """An instance's name in benchmark rows: n<NT>k<KSPLIT>s<STAGES>, "nf" appended when FOLD is off
-    (dense instances, (NT, KSPLIT, STAGES), always fold)."""
-    return f"n{v[0]}k{v[1]}s{v[2]}{'' if len(v) < 4 or v[3] else 'nf'}"
+    """An instance's name in benchmark rows: n<NT>k<KSPLIT>s<STAGES>, "nf" appended when FOLD is off, "x"
+    for the XSM instances (dense instances, (NT, KSPLIT, STAGES), always fold)."""
+    return f"n{v[0]}k{v[1]}s{v[2]}{'' if len(v) < 4 or v[3] else 'nf'}{'x' if len(v) > 4 and v[4] else ''}"
 
 
 def pick_dense(rows: int, n_tiles: int, kb: int) -> tuple[int, int, int]:
@@ -99,16 +116,17 @@ def _builds() -> bool:
 
 def _run(a, q, s, out, routing, K, n_tiles, n_tiles_all, up_tiles, a_row_div, gated, group, variant, experts):
     pairs, be, bs, bc = routing
-    nt, ks, stages, fold = variant or pick(pairs.numel(), experts, n_tiles, q.shape[2], gated, group)
+    nt, ks, stages, fold, *xsm = variant or pick(pairs.numel(), experts, n_tiles, q.shape[2], gated, group)
     rc = _ext().launch(a, q, s, out, pairs, be, bs, bc, K, n_tiles, n_tiles_all, up_tiles, a_row_div,
-                       int(gated), group, nt, ks, stages, int(fold))
+                       int(gated), group, nt, ks, stages, int(fold), int(bool(xsm and xsm[0])))
     if rc != 0:
         raise RuntimeError(f"kq_moe_lanes_launch failed ({rc})")
 
 
-def moe_gate_up(x, lm: PrepackedMoE, routing, top_k: int, variant: tuple[int, int, int, bool] | None = None,
+def moe_gate_up(x, lm: PrepackedMoE, routing, top_k: int, variant: tuple | None = None,
                 out: torch.Tensor | None = None) -> torch.Tensor:
-    """act[p] = silu(x[p // k] W_gate^T) * (x[p // k] W_up^T); variant (NT, KSPLIT, STAGES, FOLD) or picked."""
+    """act[p] = silu(x[p // k] W_gate^T) * (x[p // k] W_up^T); variant (NT, KSPLIT, STAGES, FOLD[, XSM]) or
+    picked."""
     act = out if out is not None else torch.empty(routing[0].numel(), lm.intermediate, dtype=x.dtype, device=x.device)
     t = lm.intermediate // 8
     _run(x, lm.w13_q, lm.w13_s, act, routing, lm.hidden, t, 2 * t, t, top_k, True, lm.group, variant,
@@ -116,7 +134,7 @@ def moe_gate_up(x, lm: PrepackedMoE, routing, top_k: int, variant: tuple[int, in
     return act
 
 
-def moe_down(act, lm: PrepackedMoE, routing, variant: tuple[int, int, int, bool] | None = None,
+def moe_down(act, lm: PrepackedMoE, routing, variant: tuple | None = None,
              out: torch.Tensor | None = None) -> torch.Tensor:
     """y[p] = act[p] W_down^T."""
     y = out if out is not None else torch.empty(act.shape[0], lm.hidden, dtype=act.dtype, device=act.device)

@@ -128,16 +128,13 @@ __device__ __forceinline__ void block_mma(const int4 (&w)[NT][MATS][2], const ui
   }
 }
 
-// KQ_LANES_XSMEM (experiment, benchmarks/lanes_ab.py): the activations go through the ring too, each
-// lane copying its own 8 bytes per step (XSLOT bytes per warp and slot, chunk-major so a lane reads them
-// back with 4 conflict-free 16-byte loads), STAGES - 1 blocks ahead like the weights: Nsight Compute put
-// the single-wave cases' top stall on the first mma of a block, waiting for the activations that the
-// register sets bring only one block ahead.
-#ifdef KQ_LANES_XSMEM
-constexpr int XSLOT = 2048;
-#else
-constexpr int XSLOT = 0;
-#endif
+// XSM instances: the activations go through the ring too, each lane copying its own 8 bytes per step
+// (XSLOT bytes per warp and slot, chunk-major so a lane reads them back with 4 conflict-free 16-byte
+// loads), STAGES - 1 blocks ahead like the weights, instead of register sets one block ahead. Nsight
+// Compute put the top stall of the cases with few warps (about one wave) on the first mma of a block,
+// waiting for the activations; the ring slot grows by 2 KB, so fewer CTAs fit on a multiprocessor:
+// cuda_lanes.pick takes these instances for gate+up at group 128 up to about four waves of warps.
+constexpr int XSLOT_BYTES = 2048;
 
 // The activations and scales of one 128-input block, in registers (two sets: the next block's are
 // loaded while this one is multiplied): one 8-byte load per step (token g's inputs 16 step + 4t .. +3,
@@ -148,7 +145,7 @@ struct XS {
   uint2 sc[NT][MATS][2];
 };
 
-template <int NT, int MATS, int GROUP, bool EVEN_K, bool LOAD_X = XSLOT == 0>
+template <int NT, int MATS, int GROUP, bool EVEN_K, bool LOAD_X>
 __device__ __forceinline__ void load_xs(XS<NT, MATS>& s, const __nv_bfloat16* const (&sb)[NT][MATS][2],
                                         const __nv_bfloat16* xr, bool vr, int kb, int K4) {
   constexpr int GPB = 128 / GROUP;               // groups per block
@@ -167,7 +164,7 @@ __device__ __forceinline__ void load_xs(XS<NT, MATS>& s, const __nv_bfloat16* co
           s.sc[i][m][c] = make_uint2(__ldg(reinterpret_cast<const unsigned short*>(sp)), 0u);
         }
       }
-  if (!LOAD_X) return;                             // the ring brings them (KQ_LANES_XSMEM)
+  if (!LOAD_X) return;                             // the ring brings them (XSM)
 #pragma unroll
   for (int st = 0; st < 8; ++st) {
     const int k = kb * 128 + 16 * st;              // + 4t inside xr; K4 = K - 4t
@@ -228,13 +225,14 @@ constexpr int min_ctas() {
   return STAGES <= 6 && KSPLIT == 1 && GROUP == 128 ? 4 : 3;
 }
 
-template <int NT, bool GATED, int GROUP, int WARPS, int KSPLIT, int STAGES, bool FOLD, bool EVEN_K, bool DENSE>
+template <int NT, bool GATED, int GROUP, int WARPS, int KSPLIT, int STAGES, bool FOLD, bool XSM, bool EVEN_K, bool DENSE>
 __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT, STAGES, DENSE>())) moe_lanes_kernel(Params p) {
   static_assert(STAGES % 2 == 0, "the activation sets alternate with the block's parity");
   constexpr int MATS = GATED ? 2 : 1;
   constexpr int STREAMS = NT * MATS * 2;
   constexpr int ACC = NT * MATS * 4;              // accumulators per lane
   static_assert(ACC * 4 <= STREAMS * 16, "the K-split sum reuses a ring slot");
+  constexpr int XSLOT = XSM ? XSLOT_BYTES : 0;
   constexpr int SLOT16 = STREAMS * 32 + XSLOT / 16;   // one ring slot of a warp, in 16-byte units
   extern __shared__ int4 ring[];                   // [WARPS][STAGES][SLOT16]: [STREAMS][32 lanes] (+ x chunks)
   const int lane = threadIdx.x & 31;
@@ -287,7 +285,7 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
     cp_commit();                                   // empty groups too: one group per block, always
   }
   XS<NT, MATS> xs[2];
-  if (kb0 < kb1) load_xs<NT, MATS, GROUP, EVEN_K>(xs[0], sb, xr, vr, kb0, K4);
+  if (kb0 < kb1) load_xs<NT, MATS, GROUP, EVEN_K, !XSM>(xs[0], sb, xr, vr, kb0, K4);
   for (int kb = kb0; kb < kb1; kb += STAGES) {
 #pragma unroll
     for (int j = 0; j < STAGES; ++j) {
@@ -299,7 +297,7 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
           if (XSLOT) issue_x<EVEN_K>(slot + STREAMS * 512, xr, vr, blk + STAGES - 1, K4);
         }
         cp_commit();
-        if (blk + 1 < kb1) load_xs<NT, MATS, GROUP, EVEN_K>(xs[(j + 1) & 1], sb, xr, vr, blk + 1, K4);
+        if (blk + 1 < kb1) load_xs<NT, MATS, GROUP, EVEN_K, !XSM>(xs[(j + 1) & 1], sb, xr, vr, blk + 1, K4);
         cp_wait<STAGES - 1>();                     // this block's group has landed
         int4 w[NT][MATS][2];
 #pragma unroll
@@ -366,17 +364,18 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
 // The host side of one group size's instances (moe_lanes_g*.cu): grid (ceil(n_tiles / (2 NT WARPS /
 // KSPLIT)), routed blocks), dynamic shared memory for the rings. Returns cudaGetLastError(), or -1
 // when no instance matches.
-#define KQ_LANES_TRY(NT_, GATED_, GROUP_, KSPLIT_, STAGES_, FOLD_)                                        \
-  if (nt == NT_ && (gated != 0) == GATED_ && ksplit == KSPLIT_ && stages == STAGES_ && (fold != 0) == FOLD_) { \
+#define KQ_LANES_TRY(NT_, GATED_, GROUP_, KSPLIT_, STAGES_, FOLD_, XSM_)                                  \
+  if (nt == NT_ && (gated != 0) == GATED_ && ksplit == KSPLIT_ && stages == STAGES_ && (fold != 0) == FOLD_ && \
+      (xsm != 0) == XSM_) {                                                                              \
     constexpr int CG = kq_lanes_warps / KSPLIT_;                                                         \
-    constexpr int SMEM = kq_lanes_warps * STAGES_ * (NT_ * (GATED_ ? 2 : 1) * 2 * 512 + kq_lanes::XSLOT);  \
+    constexpr int SMEM = kq_lanes_warps * STAGES_ * (NT_ * (GATED_ ? 2 : 1) * 2 * 512 + (XSM_ ? kq_lanes::XSLOT_BYTES : 0)); \
     const dim3 grid((n_tiles + 2 * NT_ * CG - 1) / (2 * NT_ * CG), n_blocks);                            \
     if (K % 128 == 0) {                                                                                  \
-      auto* k = kq_lanes::moe_lanes_kernel<NT_, GATED_, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, FOLD_, true, false>; \
+      auto* k = kq_lanes::moe_lanes_kernel<NT_, GATED_, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, FOLD_, XSM_, true, false>; \
       cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);                        \
       k<<<grid, dim3(32 * kq_lanes_warps), SMEM, stream>>>(p);                                           \
     } else {                                                                                             \
-      auto* k = kq_lanes::moe_lanes_kernel<NT_, GATED_, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, FOLD_, false, false>; \
+      auto* k = kq_lanes::moe_lanes_kernel<NT_, GATED_, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, FOLD_, XSM_, false, false>; \
       cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);                        \
       k<<<grid, dim3(32 * kq_lanes_warps), SMEM, stream>>>(p);                                           \
     }                                                                                                    \
@@ -384,22 +383,28 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
   }
 constexpr int kq_lanes_warps = 4;
 
-// every (NT, GATED, KSPLIT, STAGES, FOLD) a group size's file builds; the host picks one (cuda_lanes.py)
+// every (NT, GATED, KSPLIT, STAGES, FOLD, XSM) a group size's file builds; the host picks one (cuda_lanes.py)
 #define KQ_LANES_VARIANTS(G)                                                                                    \
-  KQ_LANES_TRY(1, true, G, 1, 4, true) KQ_LANES_TRY(1, true, G, 1, 6, true) KQ_LANES_TRY(1, true, G, 4, 4, true) \
-  KQ_LANES_TRY(2, true, G, 1, 4, true) KQ_LANES_TRY(1, true, G, 1, 4, false) KQ_LANES_TRY(1, true, G, 4, 4, false) \
-  KQ_LANES_TRY(2, false, G, 1, 4, true) KQ_LANES_TRY(2, false, G, 1, 6, true) KQ_LANES_TRY(2, false, G, 4, 4, true) \
-  KQ_LANES_TRY(2, false, G, 1, 4, false) KQ_LANES_TRY(1, false, G, 1, 4, true) KQ_LANES_TRY(2, false, G, 4, 4, false)
+  KQ_LANES_TRY(1, true, G, 1, 4, true, false) KQ_LANES_TRY(1, true, G, 1, 6, true, false) KQ_LANES_TRY(1, true, G, 4, 4, true, false) \
+  KQ_LANES_TRY(2, true, G, 1, 4, true, false) KQ_LANES_TRY(1, true, G, 1, 4, false, false) KQ_LANES_TRY(1, true, G, 4, 4, false, false) \
+  KQ_LANES_TRY(2, false, G, 1, 4, true, false) KQ_LANES_TRY(2, false, G, 1, 6, true, false) KQ_LANES_TRY(2, false, G, 4, 4, true, false) \
+  KQ_LANES_TRY(2, false, G, 1, 4, false, false) KQ_LANES_TRY(1, false, G, 1, 4, true, false) KQ_LANES_TRY(2, false, G, 4, 4, false, false) \
+  KQ_LANES_XSM_##G
+
+// the XSM instances (gate+up, group 128 only: cuda_lanes.GATE_UP_XSM_VARIANTS); none at the other groups
+#define KQ_LANES_XSM_128 KQ_LANES_TRY(1, true, 128, 1, 4, true, true) KQ_LANES_TRY(2, true, 128, 1, 4, true, true)
+#define KQ_LANES_XSM_64
+#define KQ_LANES_XSM_32
 
 // dense instances (one matrix, no routing): grid (row blocks of 8, column groups)
 #define KQ_LANES_DENSE_TRY(NT_, GROUP_, KSPLIT_, STAGES_)                                                  \
   if (nt == NT_ && ksplit == KSPLIT_ && stages == STAGES_) {                                             \
     constexpr int CG = kq_lanes_warps / KSPLIT_;                                                         \
-    constexpr int SMEM = kq_lanes_warps * STAGES_ * (NT_ * 2 * 512 + kq_lanes::XSLOT);                  \
+    constexpr int SMEM = kq_lanes_warps * STAGES_ * NT_ * 2 * 512;                                       \
     const dim3 grid((p.rows + 7) / 8, (n_tiles + 2 * NT_ * CG - 1) / (2 * NT_ * CG));                    \
     auto* k = K % 128 == 0                                                                               \
-        ? kq_lanes::moe_lanes_kernel<NT_, false, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, true, true, true>   \
-        : kq_lanes::moe_lanes_kernel<NT_, false, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, true, false, true>; \
+        ? kq_lanes::moe_lanes_kernel<NT_, false, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, true, false, true, true>   \
+        : kq_lanes::moe_lanes_kernel<NT_, false, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, true, false, false, true>; \
     cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);                          \
     k<<<grid, dim3(32 * kq_lanes_warps), SMEM, stream>>>(p);                                             \
     return static_cast<int>(cudaGetLastError());                                                         \
@@ -413,7 +418,7 @@ constexpr int kq_lanes_warps = 4;
 
 #define KQ_LANES_ENTRY(G)                                                                                       \
   int kq_moe_lanes_g##G(const kq_lanes::Params& p, int n_blocks, int K, int n_tiles, int gated, int nt,         \
-                        int ksplit, int stages, int fold, cudaStream_t stream) {                                \
+                        int ksplit, int stages, int fold, int xsm, cudaStream_t stream) {                       \
     KQ_LANES_VARIANTS(G)                                                                                        \
     return -1;                                                                                                  \
   }                                                                                                             \
