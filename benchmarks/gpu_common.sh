@@ -1,6 +1,7 @@
-# Sourced by the one-GPU scripts (gpu_one.sh, gpu_one_marlin.sh): results folder $R = $OUT/$1, the
+# Sourced by the one-GPU scripts (gpu_one.sh, gpu_record.sh): results folder $R = $OUT/$1, the
 # SGLang wheels from .whl-slim installed into /tmp/site-$1 and put on PYTHONPATH with the stubs in
-# .gpu/stubs, the GPU's name, driver and clocks into $R/gpu.txt; T0 = the start, for elapsed times.
+# .gpu/stubs, the GPU's name, driver and clocks into $R/gpu.txt; T0 = the start, for elapsed times;
+# kernel_tests and decode_rows, the steps both scripts run.
 set -o pipefail
 OUT=${OUT:-out}; R=$OUT/$1; mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_EXTENSIONS_DIR=/tmp/kq_ext
@@ -8,3 +9,19 @@ T0=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --target "/tmp/site-$1" .whl-slim/*.whl
 export PYTHONPATH=/tmp/site-$1:$PWD/.gpu/stubs:$PWD
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$R/gpu.txt"
+
+# the kernel GPU tests, into $R/pytest_gpu.log
+kernel_tests() {
+  timeout "${TEST_TIMEOUT:-170}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py \
+    tests/test_kernels_lanes_gpu.py > "$R/pytest_gpu.log" 2>&1
+  tail -1 "$R/pytest_gpu.log"; grep FAILED "$R/pytest_gpu.log" | head
+  echo "tests done after $(( $(date +%s) - T0 )) s"
+}
+
+# bench_kernels.py --lanes against cuBLAS and SGLang's FP8 MoE at 1/16/64 tokens, groups 128 and 32, with
+# the dense rows, into $R/decode.log
+decode_rows() {
+  timeout "${DECODE_TIMEOUT:-260}" python3 benchmarks/bench_kernels.py --out "$R" --lanes --peers dense,fp8 \
+    --moe glm52,kimi_tp8 --tokens 1,16,64 --groups 128,32 --dense-m "${DENSE_M:-1,8,16,64,4096}" > "$R/decode.log" 2>&1
+  echo "decode rc $? after $(( $(date +%s) - T0 )) s"
+}

@@ -2,16 +2,11 @@
 # The kernel table on one lent H200 (nvidia-h200), in one call: the kernel GPU tests, then
 # bench_kernels.py --lanes against SGLang's FP8 MoE and cuBLAS (decode sizes at groups 128 and 32 with
 # the dense rows; then 192 and 4096 tokens at group 128). SGLang's Marlin MoE needs the JIT build of
-# minutes: benchmarks/gpu_final.sh on two GPUs runs it beside the table.
+# minutes: benchmarks/gpu_record.sh runs it beside the decode table.
 # carry: .whl-slim .gpu        results: $OUT/one.tgz
 source benchmarks/gpu_common.sh one
-timeout "${TEST_TIMEOUT:-170}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py \
-  tests/test_kernels_lanes_gpu.py > "$R/pytest_gpu.log" 2>&1
-tail -1 "$R/pytest_gpu.log"; grep FAILED "$R/pytest_gpu.log" | head
-echo "tests done after $(( $(date +%s) - T0 )) s"
-timeout "${DECODE_TIMEOUT:-260}" python3 benchmarks/bench_kernels.py --out "$R" --lanes --peers dense,fp8 \
-  --moe glm52,kimi_tp8 --tokens 1,16,64 --groups 128,32 --dense-m "${DENSE_M:-1,8,16,64,4096}" > "$R/decode.log" 2>&1
-echo "decode rc $? after $(( $(date +%s) - T0 )) s"
+kernel_tests
+decode_rows
 timeout "${PREFILL_TIMEOUT:-200}" python3 benchmarks/bench_kernels.py --out "$R" --lanes --peers fp8 --tag _prefill \
   --moe glm52,kimi_tp8 --tokens 192,4096 --groups 128 --skip-dense > "$R/prefill.log" 2>&1
 echo "prefill rc $? after $(( $(date +%s) - T0 )) s"

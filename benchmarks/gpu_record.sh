@@ -15,15 +15,8 @@ mkdir -p "$SGLANG_JIT_CACHE_DIR"
 [ -f .gpu/sgl_jit.tgz ] && tar xzf .gpu/sgl_jit.tgz -C "$SGLANG_JIT_CACHE_DIR" && echo "marlin cache unpacked"
 timeout "${MARLIN_WARM_TIMEOUT:-480}" python3 benchmarks/bench_kernels.py --warm-marlin > "$R/marlin_warm.log" 2>&1 &
 W=$!
-if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout "${TEST_TIMEOUT:-170}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py \
-    tests/test_kernels_lanes_gpu.py > "$R/pytest_gpu.log" 2>&1
-  tail -1 "$R/pytest_gpu.log"; grep FAILED "$R/pytest_gpu.log" | head
-  echo "tests done after $(( $(date +%s) - T0 )) s"
-fi
-timeout "${DECODE_TIMEOUT:-260}" python3 benchmarks/bench_kernels.py --out "$R" --lanes --peers dense,fp8 \
-  --moe glm52,kimi_tp8 --tokens 1,16,64 --groups 128,32 --dense-m "${DENSE_M:-1,8,16,64,4096}" > "$R/decode.log" 2>&1
-echo "decode rc $? after $(( $(date +%s) - T0 )) s"
+[ "${SKIP_TESTS:-0}" = 1 ] || kernel_tests
+decode_rows
 if [ "${NCU:-0}" = 1 ]; then
   timeout "${NCU_TIMEOUT:-120}" ncu --clock-control none -k regex:moe_lanes_kernel --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
