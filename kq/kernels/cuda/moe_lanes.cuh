@@ -130,8 +130,7 @@ __device__ __forceinline__ void block_mma(const int4 (&w)[NT][MATS][2], const ui
 
 // XSM instances: the activations go through the ring too, each lane copying its own 8 bytes per step
 // (XSLOT bytes per warp and slot, chunk-major so a lane reads them back with 4 conflict-free 16-byte
-// loads), STAGES - 1 blocks ahead like the weights, instead of register sets one block ahead (and the
-// scales, alone in the register sets then, come STAGES - 1 blocks ahead too). Nsight
+// loads), STAGES - 1 blocks ahead like the weights, instead of register sets one block ahead. Nsight
 // Compute put the top stall of the cases with few warps (about one wave) on the first mma of a block,
 // waiting for the activations; the ring slot grows by 2 KB, so fewer CTAs fit on a multiprocessor:
 // cuda_lanes.pick takes these instances for gate+up at group 128 up to about four waves of warps.
@@ -228,7 +227,7 @@ constexpr int min_ctas() {
 
 template <int NT, bool GATED, int GROUP, int WARPS, int KSPLIT, int STAGES, bool FOLD, bool XSM, bool EVEN_K, bool DENSE>
 __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT, STAGES, DENSE>())) moe_lanes_kernel(Params p) {
-  static_assert(STAGES % 2 == 0, "the register sets rotate with the block's place in the ring");
+  static_assert(STAGES % 2 == 0, "the activation sets alternate with the block's parity");
   constexpr int MATS = GATED ? 2 : 1;
   constexpr int STREAMS = NT * MATS * 2;
   constexpr int ACC = NT * MATS * 4;              // accumulators per lane
@@ -285,15 +284,8 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
     }
     cp_commit();                                   // empty groups too: one group per block, always
   }
-  // Register sets in rotation for the scales (and, outside XSM, the activations), loaded XSETS - 1 blocks
-  // ahead: two sets, one block ahead, where the sets hold the activations too; in the XSM instances they
-  // hold only the scales, so STAGES sets bring them as far ahead as the ring brings the weights (Nsight
-  // Compute on Kimi TP-8's XSM gate+up: the scales' load became the top stall one block ahead).
-  constexpr int XSETS = XSM ? STAGES : 2;
-  XS<NT, MATS> xs[XSETS];
-#pragma unroll
-  for (int s = 0; s < XSETS - 1; ++s)
-    if (kb0 + s < kb1) load_xs<NT, MATS, GROUP, EVEN_K, !XSM>(xs[s], sb, xr, vr, kb0 + s, K4);
+  XS<NT, MATS> xs[2];
+  if (kb0 < kb1) load_xs<NT, MATS, GROUP, EVEN_K, !XSM>(xs[0], sb, xr, vr, kb0, K4);
   for (int kb = kb0; kb < kb1; kb += STAGES) {
 #pragma unroll
     for (int j = 0; j < STAGES; ++j) {
@@ -305,8 +297,7 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
           if (XSLOT) issue_x<EVEN_K>(slot + STREAMS * 512, xr, vr, blk + STAGES - 1, K4);
         }
         cp_commit();
-        if (blk + XSETS - 1 < kb1)
-          load_xs<NT, MATS, GROUP, EVEN_K, !XSM>(xs[(j + XSETS - 1) % XSETS], sb, xr, vr, blk + XSETS - 1, K4);
+        if (blk + 1 < kb1) load_xs<NT, MATS, GROUP, EVEN_K, !XSM>(xs[(j + 1) & 1], sb, xr, vr, blk + 1, K4);
         cp_wait<STAGES - 1>();                     // this block's group has landed
         int4 w[NT][MATS][2];
 #pragma unroll
@@ -315,19 +306,15 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
           for (int m = 0; m < MATS; ++m)
 #pragma unroll
             for (int c = 0; c < 2; ++c) w[i][m][c] = mine[j * SLOT16 + ((i * MATS + m) * 2 + c) * 32];
-        uint2 xb[8];
+        if (XSLOT) {
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          if (XSLOT) {
+          for (int c = 0; c < 4; ++c) {
             const int4 v = mine[j * SLOT16 + STREAMS * 32 + c * 32];
-            xb[2 * c] = make_uint2(v.x, v.y);
-            xb[2 * c + 1] = make_uint2(v.z, v.w);
-          } else {
-            xb[2 * c] = xs[j % XSETS].x[2 * c];
-            xb[2 * c + 1] = xs[j % XSETS].x[2 * c + 1];
+            xs[j & 1].x[2 * c] = make_uint2(v.x, v.y);
+            xs[j & 1].x[2 * c + 1] = make_uint2(v.z, v.w);
           }
         }
-        block_mma<NT, MATS, GROUP, FOLD>(w, xb, xs[j % XSETS].sc, part, acc, xoff);
+        block_mma<NT, MATS, GROUP, FOLD>(w, xs[j & 1].x, xs[j & 1].sc, part, acc, xoff);
       }
     }
   }
