@@ -46,7 +46,8 @@ def picked(by: dict, case: str, m: int, prefix: str):
 
 
 def repicked(by: dict, case: str, m: int, prefix: str):
-    """The same run's row of the instance kq.kernels.cuda_lanes.pick chooses now (gate+up, top-8)."""
+    """The same run's row of the instance kq.kernels.cuda_lanes.pick chooses now (gate+up, top-8; the
+    dense rows likewise take pick_dense's instance up to 64 rows)."""
     from bench_kernels import MOE_SHAPES
     from kq.kernels.cuda_lanes import pick, variant_name
     e, h, i = MOE_SHAPES[case]
@@ -90,6 +91,10 @@ def dense(by: dict) -> None:
     print("|---|---|---|---|---|---|---|")
     for c, m in cases:
         lane, tiles = by[(c, m, "kq_lane_g128")], by.get((c, m, "kq_g128"))
+        if REPICK:        # the instance cuda_lanes.pick_dense chooses now, where the CUDA kernel serves
+            from kq.kernels.cuda_lanes import pick_dense, variant_name
+            n, k = lane["N"], lane["K"]
+            lane = by.get((c, m, "lanes_dense_g128_" + variant_name(pick_dense(m, n // 8, -(-k // 128))))) or lane
         bf16, fp8 = by.get((c, m, "cublas_bf16")), by.get((c, m, "cublas_fp8"))
         r = lambda p, b: f"{p['us'] / b['us']:.2f}x ({p['us']:.1f})" if p and b else "n/a"   # noqa: E731
         print(f"| {c.removeprefix('dense_')} | {m} | {lane['us']:.1f} ({lane['GBps'] / 1000:.2f}) | "

@@ -41,6 +41,22 @@ def test_down_drops_fold_at_group_128_only():
     assert cuda_lanes.pick(512, e, h // 8, -(-i // 128), False, 32) == (2, 1, 4, True)
 
 
+@pytest.mark.parametrize("n,k,rows,want", [
+    (12288, 6144, 1, (2, 4, 4)), (12288, 6144, 8, (2, 4, 4)), (12288, 6144, 16, (2, 2, 4)),
+    (12288, 6144, 64, (2, 1, 4)), (7168, 2048, 1, (2, 4, 4)), (4096, 7168, 1, (1, 4, 4)),
+    (4096, 7168, 8, (1, 4, 4)), (4096, 7168, 32, (2, 2, 4)),
+])
+def test_dense_picks_of_the_measured_shapes(n, k, rows, want):
+    """The fastest dense instance in each of four H200 calls (seventh session), for every measured shape."""
+    assert cuda_lanes.pick_dense(rows, n // 8, -(-k // 128)) == want
+
+
+@pytest.mark.parametrize("rows", [1, 2, 8, 9, 16, 33, 64])
+@pytest.mark.parametrize("n,k", [(12288, 6144), (7168, 2048), (4096, 7168), (256, 128), (65536, 8192)])
+def test_every_dense_pick_is_a_built_instance(n, k, rows):
+    assert cuda_lanes.pick_dense(rows, n // 8, -(-k // 128)) in cuda_lanes.DENSE_VARIANTS
+
+
 def test_the_cuda_linear_refuses_a_tiles_layout_weight_with_one_line():
     import torch
 

@@ -91,10 +91,19 @@ def variant_name(v: tuple) -> str:
 
 
 def pick_dense(rows: int, n_tiles: int, kb: int) -> tuple[int, int, int]:
-    """(NT, KSPLIT, STAGES) for a dense linear: the MoE rule with one expert and rows in blocks of 8."""
-    warps = -(-rows // 8) * -(-n_tiles // 4)
-    ks = 4 if warps < SMS_WARPS // 2 and kb >= 16 else 2 if warps < SMS_WARPS and kb >= 8 else 1
-    return 2, ks, 4
+    """(NT, KSPLIT, STAGES) for a dense linear, rows in blocks of 8: split K as far as one wave of warps
+    (SMS_WARPS) holds, each part keeping >= 4 blocks; one tile pair per warp when two pairs would leave
+    even the 4-way split under half a wave. From the dense instance rows of four H200 calls (seventh
+    session, benchmarks/results/h200/kernels_s7_decode_*.jsonl; each picks the fastest instance in all
+    four): 4096x7168 at M = 1 10.2-10.5 us against 11.2-11.5 (one pair per warp), at M = 32 22.0-22.2
+    against 25.3-25.6 (2-way split), 12288x6144 at M = 16 26.1-26.4 against 27.2-27.5; unchanged where
+    the earlier rule was already the fastest (12288x6144 at M = 1, 8, 64; 7168x2048 at M = 1)."""
+    r8 = -(-rows // 8)
+    nt, warps = 2, r8 * -(-n_tiles // 4)
+    if 4 * warps <= SMS_WARPS // 2:
+        nt, warps = 1, r8 * -(-n_tiles // 2)
+    ks = 4 if 4 * warps <= SMS_WARPS and kb >= 16 else 2 if 2 * warps <= SMS_WARPS and kb >= 8 else 1
+    return nt, ks, 4
 
 
 def available(device: torch.device) -> bool:
