@@ -112,6 +112,14 @@ def random_lane_moe(e, h, i, group):
     return prepack_moe(p13, s13, p2, s2, group, lane=True)
 
 
+def random_lane_linear(n, k, group):
+    """A random [n, k] linear (random words and scales) in the lane layout (prepack_linear(lane=True)'s)."""
+    kb = -(-k // PACK_K)
+    return PrepackedLinear(torch.randint(-2**31, 2**31 - 1, (n // 8, kb, 8, 4, 4), device=DEV, dtype=torch.int32),
+                           (torch.rand(n // 8, 8, kb * PACK_K // group, device=DEV) * 1e-2 + 1e-3).to(torch.bfloat16),
+                           n, k, group, lane=True)
+
+
 def routings(e, m, topk, r):
     """r random top-k routings of m tokens over e experts, from a generator seeded by the case alone,
     so a run that times other kernels first (a --no-kq Marlin run) gets the same routings."""
@@ -510,9 +518,7 @@ def dense_lanes(base, a, n, k, m, group, copies):
     try:
         bpw = 0.5 + 2 / group
         kb = -(-k // PACK_K)
-        ws = [PrepackedLinear(torch.randint(-2**31, 2**31 - 1, (n // 8, kb, 8, 4, 4), device=DEV, dtype=torch.int32),
-                              (torch.rand(n // 8, 8, kb * PACK_K // group, device=DEV) * 1e-2 + 1e-3).to(torch.bfloat16),
-                              n, k, group, lane=True) for _ in range(copies)]
+        ws = [random_lane_linear(n, k, group) for _ in range(copies)]
         if m <= LANE_LINEAR_MAX_ROWS:
             pick = cuda_lanes.pick_dense(m, n // 8, kb)
             for v in cuda_lanes.DENSE_VARIANTS:

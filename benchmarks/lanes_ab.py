@@ -23,11 +23,10 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
-from bench_kernels import DEV, MOE_SHAPES, graph_us, random_lane_moe, routings  # noqa: E402
+from bench_kernels import DEV, MOE_SHAPES, graph_us, random_lane_linear, random_lane_moe, routings  # noqa: E402
 
 from kq.kernels import cuda_lanes  # noqa: E402
 from kq.kernels import triton_ops as kops  # noqa: E402
-from kq.kernels.layout import PACK_K, PrepackedLinear  # noqa: E402
 
 # -D flags per variant (the seventh session A/B'd scale and activation prefetches, evict-first weights and
 # the activations through the ring here: benchmarks/results/kernels.md; the last became the XSM instances)
@@ -40,11 +39,7 @@ DENSE_MS = (1, 8)
 
 
 def build(variant: str):
-    from torch.utils.cpp_extension import load
-    src = cuda_lanes._SRC
-    return load(name=f"kq_moe_lanes_ab_{variant}", sources=[str(src / f) for f in cuda_lanes._SOURCES],
-                extra_include_paths=[str(src)], verbose=False,
-                extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a", *DEFINES[variant]])
+    return cuda_lanes.build(f"kq_moe_lanes_ab_{variant}", tuple(DEFINES[variant]))
 
 
 def main() -> None:
@@ -87,10 +82,7 @@ def main() -> None:
                 cases.append((f"{name}:{m}:g{group}", stage + (f":{cuda_lanes.variant_name(inst)}" if inst else ""),
                               fns, acts if stage == "gate_up" else ys))
     n, k = 12288, 6144
-    kb = k // PACK_K
-    w = PrepackedLinear(torch.randint(-2**31, 2**31 - 1, (n // 8, kb, 8, 4, 4), device=DEV, dtype=torch.int32),
-                        (torch.rand(n // 8, 8, k // 128, device=DEV) * 1e-2 + 1e-3).to(torch.bfloat16),
-                        n, k, 128, lane=True)
+    w = random_lane_linear(n, k, 128)
     for m in DENSE_MS:
         a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
         y = torch.empty(m, n, device=DEV, dtype=torch.bfloat16)

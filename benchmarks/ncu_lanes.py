@@ -21,11 +21,11 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
-from bench_kernels import DEV, MOE_SHAPES, random_lane_moe, routings  # noqa: E402
+from bench_kernels import DEV, MOE_SHAPES, random_lane_linear, random_lane_moe, routings  # noqa: E402
 
 from kq.kernels import cuda_lanes  # noqa: E402
 from kq.kernels import triton_ops as kops  # noqa: E402
-from kq.kernels.layout import PACK_K, PrepackedLinear  # noqa: E402
+from kq.kernels.layout import PACK_K  # noqa: E402
 
 MOE_CASES = [("glm52", 16, 128), ("kimi_tp8", 16, 128), ("kimi_tp8", 16, 32), ("glm52", 16, 32)]
 DENSE = (12288, 6144, (1, 8))
@@ -53,9 +53,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     n, k, ms = DENSE
     kb = k // PACK_K
-    w = PrepackedLinear(torch.randint(-2**31, 2**31 - 1, (n // 8, kb, 8, 4, 4), device=DEV, dtype=torch.int32),
-                        (torch.rand(n // 8, 8, k // 128, device=DEV) * 1e-2 + 1e-3).to(torch.bfloat16),
-                        n, k, 128, lane=True)
+    w = random_lane_linear(n, k, 128)
     for m in ms:
         if only and f"dense:{m}" not in only:
             continue

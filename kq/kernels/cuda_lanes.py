@@ -41,11 +41,17 @@ XSM_RESIDENT = {1: 132 * 12, 2: 132 * 8}
 SMS_WARPS = 132 * 12
 
 
+def build(name: str = "kq_moe_lanes", defines: tuple[str, ...] = ()):
+    """The extension built (or loaded from TORCH_EXTENSIONS_DIR) under `name`; `defines` (-D flags) make
+    a compile-time variant for benchmarks/lanes_ab.py under a name of its own."""
+    from torch.utils.cpp_extension import load
+    return load(name=name, sources=[str(_SRC / f) for f in _SOURCES], extra_include_paths=[str(_SRC)],
+                extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a", *defines], verbose=False)
+
+
 @functools.cache
 def _ext():
-    from torch.utils.cpp_extension import load
-    return load(name="kq_moe_lanes", sources=[str(_SRC / f) for f in _SOURCES], extra_include_paths=[str(_SRC)],
-                extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"], verbose=False)
+    return build()
 
 
 def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: int = 128) -> tuple:
@@ -67,16 +73,16 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: in
     - down: FOLD off at group 128 (GLM-5.2, 64 tokens: 365.8-375.9 against 390.9-398.4 us; elsewhere
       within 1 %); kept at group 32, where Kimi's down runs 1-4 % slower without it."""
     resident = 132 * 16 if group == 128 else SMS_WARPS      # 120 registers at group 128, up to 168 below
+    split = lambda w: 4 if w < SMS_WARPS // 2 and kb >= 16 else 1    # noqa: E731
     nt = 1 if gated else 2
     warps = min(pairs, experts) * -(-n_tiles // (2 * nt))
-    ks = 4 if warps < SMS_WARPS // 2 and kb >= 16 else 1
-    if gated and group == 128 and ks == 1 and warps <= 4 * XSM_RESIDENT[1]:
+    if gated and group == 128 and split(warps) == 1 and warps <= 4 * XSM_RESIDENT[1]:
         if XSM_RESIDENT[1] < warps <= 2 * XSM_RESIDENT[2]:
             return 2, 1, 4, True, True
         return 1, 1, 4, True, True
     if gated and resident < warps <= 2 * resident:
         nt, warps = 2, warps // 2
-    ks = 4 if warps < SMS_WARPS // 2 and kb >= 16 else 1
+    ks = split(warps)
     if gated:
         fold = not (nt == 1 and warps < resident)
     else:

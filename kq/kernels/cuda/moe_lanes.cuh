@@ -189,7 +189,7 @@ template <int N>
 __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 
-template <int EVEN_K>
+template <bool EVEN_K>
 __device__ __forceinline__ void issue_x(uint32_t xslot, const __nv_bfloat16* xr, bool vr, int kb, int K4) {
   if (!vr) return;                               // rows past the block's count: their outputs are never stored
 #pragma unroll
