@@ -42,13 +42,24 @@ def test_down_drops_fold_at_group_128_only():
 
 
 @pytest.mark.parametrize("n,k,rows,want", [
-    (12288, 6144, 1, (2, 4, 4)), (12288, 6144, 8, (2, 4, 4)), (12288, 6144, 16, (2, 2, 4)),
-    (12288, 6144, 64, (2, 1, 4)), (7168, 2048, 1, (2, 4, 4)), (4096, 7168, 1, (1, 4, 4)),
-    (4096, 7168, 8, (1, 4, 4)), (4096, 7168, 32, (2, 2, 4)),
+    (12288, 6144, 1, (2, 4, 4, True)), (12288, 6144, 2, (2, 4, 4, True)), (12288, 6144, 8, (2, 4, 4)),
+    (12288, 6144, 16, (2, 2, 4)), (12288, 6144, 64, (2, 1, 4)), (7168, 2048, 1, (2, 4, 4, True)),
+    (4096, 7168, 1, (1, 4, 4, True)), (4096, 7168, 2, (1, 4, 4, True)), (4096, 7168, 8, (1, 4, 4)),
+    (4096, 7168, 32, (2, 2, 4)),
 ])
 def test_dense_picks_of_the_measured_shapes(n, k, rows, want):
-    """The fastest dense instance in each of four H200 calls (seventh session), for every measured shape."""
+    """The fastest dense instance in each of four H200 calls (seventh session), for every measured shape;
+    up to 2 rows its XPRE twin (eighth session: faster at 1 and 2 rows, slower at 8)."""
     assert cuda_lanes.pick_dense(rows, n // 8, -(-k // 128)) == want
+
+
+def test_xpre_only_while_the_rows_fit_its_shared_memory():
+    """XPRE holds min(8, rows) x K activations per CTA: past XPRE_MAX_BYTES the plain twin serves."""
+    assert cuda_lanes.pick_dense(2, 12288 // 8, 127) == (2, 4, 4, True)      # 2 x (127 x 256 + 32) bytes <= 64 KB
+    assert cuda_lanes.pick_dense(2, 12288 // 8, 128) == (2, 4, 4)
+    assert cuda_lanes.pick_dense(1, 12288 // 8, 255) == (2, 4, 4, True)
+    assert cuda_lanes.pick_dense(1, 12288 // 8, 256) == (2, 4, 4)
+    assert cuda_lanes.pick_dense(3, 12288 // 8, 48) == (2, 4, 4)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 8, 9, 16, 33, 64])

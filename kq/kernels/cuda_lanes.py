@@ -28,8 +28,14 @@ GATE_UP_VARIANTS = [(1, 1, 4, True), (1, 1, 6, True), (1, 4, 4, True), (2, 1, 4,
 GATE_UP_XSM_VARIANTS = [(1, 1, 4, True, True), (2, 1, 4, True, True)]
 DOWN_VARIANTS = [(2, 1, 4, True), (2, 1, 6, True), (2, 4, 4, True), (2, 1, 4, False), (1, 1, 4, True),
                  (2, 4, 4, False)]
-# (NT, KSPLIT, STAGES) of the dense instances (one matrix, no routing; FOLD on): KQ_LANES_DENSE_VARIANTS
-DENSE_VARIANTS = [(1, 1, 4), (2, 1, 4), (1, 2, 4), (2, 2, 4), (1, 4, 4), (2, 4, 4), (2, 4, 6), (2, 4, 8), (2, 2, 8)]
+# (NT, KSPLIT, STAGES) of the dense instances (one matrix, no routing; FOLD on): KQ_LANES_DENSE_VARIANTS;
+# 4-tuples ending in True: XPRE, the block's activation rows preloaded into shared memory once (for a few
+# rows: min(8, rows) x K x 2 bytes per CTA), which frees the registers of the activation sets
+DENSE_VARIANTS = [(1, 1, 4), (2, 1, 4), (1, 2, 4), (2, 2, 4), (1, 4, 4), (2, 4, 4), (2, 4, 6), (2, 4, 8), (2, 2, 8),
+                  (1, 4, 4, True), (1, 2, 4, True), (2, 4, 4, True)]
+# pick_dense takes XPRE up to this many rows, while they take at most XPRE_MAX_BYTES of shared memory
+# per CTA (beside the ring: a K of 16k inputs at 2 rows)
+XPRE_MAX_ROWS, XPRE_MAX_BYTES = 2, 64 << 10
 # the MoE grid's y dimension holds the routing blocks (8 pairs each): CUDA's limit
 MAX_BLOCKS = 65535
 # warps resident with the XSM instances' larger ring slots: 3 CTAs of 4 warps per multiprocessor at one
@@ -96,19 +102,30 @@ def variant_name(v: tuple) -> str:
     return f"n{v[0]}k{v[1]}s{v[2]}{'' if len(v) < 4 or v[3] else 'nf'}{'x' if len(v) > 4 and v[4] else ''}"
 
 
-def pick_dense(rows: int, n_tiles: int, kb: int) -> tuple[int, int, int]:
-    """(NT, KSPLIT, STAGES) for a dense linear, rows in blocks of 8: split K as far as one wave of warps
-    (SMS_WARPS) holds, each part keeping >= 4 blocks; one tile pair per warp when two pairs would leave
-    even the 4-way split under half a wave. From the dense instance rows of four H200 calls (seventh
+def dense_variant_name(v: tuple) -> str:
+    """A dense instance's name in benchmark rows: n<NT>k<KSPLIT>s<STAGES>, "p" appended for XPRE."""
+    return f"n{v[0]}k{v[1]}s{v[2]}{'p' if len(v) > 3 and v[3] else ''}"
+
+
+def pick_dense(rows: int, n_tiles: int, kb: int) -> tuple:
+    """(NT, KSPLIT, STAGES[, XPRE]) for a dense linear, rows in blocks of 8: split K as far as one wave of
+    warps (SMS_WARPS) holds, each part keeping >= 4 blocks; one tile pair per warp when two pairs would
+    leave even the 4-way split under half a wave. From the dense instance rows of four H200 calls (seventh
     session, benchmarks/results/h200/kernels_s7_decode_*.jsonl; each picks the fastest instance in all
     four): 4096x7168 at M = 1 10.2-10.5 us against 11.2-11.5 (one pair per warp), at M = 32 22.0-22.2
     against 25.3-25.6 (2-way split), 12288x6144 at M = 16 26.1-26.4 against 27.2-27.5; unchanged where
-    the earlier rule was already the fastest (12288x6144 at M = 1, 8, 64; 7168x2048 at M = 1)."""
+    the earlier rule was already the fastest (12288x6144 at M = 1, 8, 64; 7168x2048 at M = 1).
+    Up to 2 rows, the same instance with its activations preloaded (XPRE) where one is built (eighth
+    session, benchmarks/results/h200/lanes_ab_s8_*.jsonl): 12288x6144 at M = 1 15.8 us against 16.7,
+    4096x7168 at M = 1 10.7 against 12.1 and at M = 2 11.3 against 12.5; at M = 8 XPRE is slower (31.3
+    against 18.0 us: 8 rows x K in shared memory leave two CTAs per multiprocessor)."""
     r8 = -(-rows // 8)
     nt, warps = 2, r8 * -(-n_tiles // 4)
     if 4 * warps <= SMS_WARPS // 2:
         nt, warps = 1, r8 * -(-n_tiles // 2)
     ks = 4 if 4 * warps <= SMS_WARPS and kb >= 16 else 2 if 2 * warps <= SMS_WARPS and kb >= 8 else 1
+    if rows <= XPRE_MAX_ROWS and rows * (kb * 256 + 32) <= XPRE_MAX_BYTES and (nt, ks, 4, True) in DENSE_VARIANTS:
+        return nt, ks, 4, True
     return nt, ks, 4
 
 
@@ -181,8 +198,8 @@ def linear(x: torch.Tensor, w: PrepackedLinear, variant: tuple[int, int, int] | 
         raise ValueError("cuda_lanes.linear: the weight must be prepacked with lane=True")
     m = x.shape[0]
     y = out if out is not None else torch.empty(m, w.out_features, dtype=x.dtype, device=x.device)
-    nt, ks, stages = variant or pick_dense(m, w.q.shape[0], w.q.shape[1])
-    rc = _ext().launch_dense(x, w.q, w.s, y, w.in_features, w.group, nt, ks, stages)
+    nt, ks, stages, *xpre = variant or pick_dense(m, w.q.shape[0], w.q.shape[1])
+    rc = _ext().launch_dense(x, w.q, w.s, y, w.in_features, w.group, nt, ks, stages, int(bool(xpre and xpre[0])))
     if rc != 0:
         raise RuntimeError(f"kq_dense_lanes_launch failed ({rc})")
     return y

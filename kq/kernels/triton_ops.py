@@ -117,7 +117,10 @@ def _launch_gemm(a, q, s, out, k, n, group, cfg: TileConfig, *, rows=0, routing=
         se = s.stride(0) if s.dim() == 3 else 0
         qk, sg = q.stride(-2), s.stride(-2)
     grid = (triton.cdiv(n, cfg.block_n), m_blocks, cfg.split_k)
-    deq = 0 if _INTERPRETED else (2 if cfg.block_m < 64 else 1)     # see w4a16_gemm_kernel
+    # see w4a16_gemm_kernel: Triton takes wgmma (DEQ 1) from 64 rows on warpgroups of 4 warps (unless
+    # DISABLE_MMA_V3 is set, benchmarks/dense_tiles_probe.py), mma.sync below
+    wgmma = cfg.block_m >= 64 and cfg.num_warps % 4 == 0 and os.environ.get("DISABLE_MMA_V3") != "1"
+    deq = 0 if _INTERPRETED else (1 if wgmma else 2)
     fold = _fold(cfg, group, deq)
     even = not cfg.masks and (fold or _INTERPRETED)     # the interpreter checks both paths at every group
     w4a16_gemm_kernel[grid](

@@ -184,6 +184,11 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
 __device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
+__device__ __forceinline__ uint2 lds64(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
@@ -219,15 +224,19 @@ __device__ __forceinline__ void issue_w(uint32_t slot, const int4* const (&qb)[N
 // Occupancy bound (CTAs per SM) for the register budget: 4 for the plain group-128 instances; 2 for
 // the widest tiles and for the MoE's K-split instances at group 32 (which spill at 3 CTAs' 168
 // registers; they run where few warps are resident anyway: cuda_lanes.pick); 3 otherwise.
-template <int NT, bool GATED, int GROUP, int KSPLIT, int STAGES, bool DENSE>
+template <int NT, bool GATED, int GROUP, int KSPLIT, int STAGES, bool DENSE, bool XPRE>
 constexpr int min_ctas() {
+  // XPRE (no activation registers): 73-80 registers at one tile pair (group 32 spills at 80: 5 CTAs there)
+  if (XPRE) return NT == 1 ? (GROUP == 32 ? 5 : 6) : (GROUP == 128 ? 4 : 3);
   if (NT * (GATED ? 2 : 1) > 2 || (GROUP == 32 && KSPLIT > 1 && !DENSE)) return 2;
   return STAGES <= 6 && KSPLIT == 1 && GROUP == 128 ? 4 : 3;
 }
 
-template <int NT, bool GATED, int GROUP, int WARPS, int KSPLIT, int STAGES, bool FOLD, bool XSM, bool EVEN_K, bool DENSE>
-__global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT, STAGES, DENSE>())) moe_lanes_kernel(Params p) {
+template <int NT, bool GATED, int GROUP, int WARPS, int KSPLIT, int STAGES, bool FOLD, bool XSM, bool EVEN_K, bool DENSE,
+          bool XPRE = false>
+__global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT, STAGES, DENSE, XPRE>())) moe_lanes_kernel(Params p) {
   static_assert(STAGES % 2 == 0, "the activation sets alternate with the block's parity");
+  static_assert(!XPRE || (DENSE && !XSM), "the preloaded activations are a dense instance's");
   constexpr int MATS = GATED ? 2 : 1;
   constexpr int STREAMS = NT * MATS * 2;
   constexpr int ACC = NT * MATS * 4;              // accumulators per lane
@@ -247,7 +256,21 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
   const int kpart = warp % KSPLIT;
   const int pair0 = cgroup * NT;                  // 16-column tiles = pairs of 8-column n-tiles
   const bool active = 2 * pair0 < p.n_tiles;      // warps past the last column still meet the barrier
-  if (KSPLIT == 1 && !active) return;
+  if (KSPLIT == 1 && !active && !XPRE) return;
+  // XPRE: the block's rows of a, all of K, copied once into shared memory behind the rings (8-byte
+  // cp.async by every thread of the CTA, zeros past K), row stride kb_total * 256 + 32 bytes so that the
+  // 4 rows a half-warp reads for an mma's B fragment fill the 32 banks once; the oldest cp.async group
+  const uint32_t xpre = static_cast<uint32_t>(__cvta_generic_to_shared(ring + WARPS * STAGES * SLOT16));
+  const int xstride = p.kb_total * 256 + 32;
+  if constexpr (XPRE) {
+    const int chunks = p.kb_total * 32;            // 8-byte chunks of a row
+    for (int idx = threadIdx.x; idx < count * chunks; idx += 32 * WARPS) {
+      const int r = idx / chunks, c = idx - r * chunks;
+      const bool ok = EVEN_K || 4 * c < p.K;
+      cp_async8(xpre + r * xstride + c * 8, p.a + (size_t)(start + r) * p.lda + (ok ? 4 * c : 0), ok ? 8 : 0);
+    }
+    cp_commit();
+  }
 
   // B: token g of the routed block (8-row blocks: moe_align block_m 8)
   const bool vr = g < count;
@@ -284,8 +307,15 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
     }
     cp_commit();                                   // empty groups too: one group per block, always
   }
+  if constexpr (XPRE) {                             // every thread's copies of a have landed, then all threads'
+    cp_wait<STAGES - 1>();
+    __syncthreads();
+    if (KSPLIT == 1 && !active) return;
+  }
+  // lane g's row of the preloaded activations (rows past the block's count read row 0: never stored)
+  const uint32_t xrow = xpre + (vr ? g : 0) * xstride + 8 * t;
   XS<NT, MATS> xs[2];
-  if (kb0 < kb1) load_xs<NT, MATS, GROUP, EVEN_K, !XSM>(xs[0], sb, xr, vr, kb0, K4);
+  if (kb0 < kb1) load_xs<NT, MATS, GROUP, EVEN_K, !XSM && !XPRE>(xs[0], sb, xr, vr, kb0, K4);
   for (int kb = kb0; kb < kb1; kb += STAGES) {
 #pragma unroll
     for (int j = 0; j < STAGES; ++j) {
@@ -297,7 +327,7 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
           if (XSLOT) issue_x<EVEN_K>(slot + STREAMS * 512, xr, vr, blk + STAGES - 1, K4);
         }
         cp_commit();
-        if (blk + 1 < kb1) load_xs<NT, MATS, GROUP, EVEN_K, !XSM>(xs[(j + 1) & 1], sb, xr, vr, blk + 1, K4);
+        if (blk + 1 < kb1) load_xs<NT, MATS, GROUP, EVEN_K, !XSM && !XPRE>(xs[(j + 1) & 1], sb, xr, vr, blk + 1, K4);
         cp_wait<STAGES - 1>();                     // this block's group has landed
         int4 w[NT][MATS][2];
 #pragma unroll
@@ -313,6 +343,10 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
             xs[j & 1].x[2 * c] = make_uint2(v.x, v.y);
             xs[j & 1].x[2 * c + 1] = make_uint2(v.z, v.w);
           }
+        }
+        if constexpr (XPRE) {
+#pragma unroll
+          for (int st = 0; st < 8; ++st) xs[j & 1].x[st] = lds64(xrow + blk * 256 + 32 * st);
         }
         block_mma<NT, MATS, GROUP, FOLD>(w, xs[j & 1].x, xs[j & 1].sc, part, acc, xoff);
       }
@@ -396,25 +430,28 @@ constexpr int kq_lanes_warps = 4;
 #define KQ_LANES_XSM_64
 #define KQ_LANES_XSM_32
 
-// dense instances (one matrix, no routing): grid (row blocks of 8, column groups)
-#define KQ_LANES_DENSE_TRY(NT_, GROUP_, KSPLIT_, STAGES_)                                                  \
-  if (nt == NT_ && ksplit == KSPLIT_ && stages == STAGES_) {                                             \
+// dense instances (one matrix, no routing): grid (row blocks of 8, column groups); XPRE: the rows of a
+// block (min(8, rows)) preloaded into shared memory behind the rings
+#define KQ_LANES_DENSE_TRY(NT_, GROUP_, KSPLIT_, STAGES_, XPRE_)                                          \
+  if (nt == NT_ && ksplit == KSPLIT_ && stages == STAGES_ && (xpre != 0) == XPRE_) {                     \
     constexpr int CG = kq_lanes_warps / KSPLIT_;                                                         \
-    constexpr int SMEM = kq_lanes_warps * STAGES_ * NT_ * 2 * 512;                                       \
+    const int smem = kq_lanes_warps * STAGES_ * NT_ * 2 * 512 +                                          \
+                     (XPRE_ ? (p.rows < 8 ? p.rows : 8) * (p.kb_total * 256 + 32) : 0);                  \
     const dim3 grid((p.rows + 7) / 8, (n_tiles + 2 * NT_ * CG - 1) / (2 * NT_ * CG));                    \
     auto* k = K % 128 == 0                                                                               \
-        ? kq_lanes::moe_lanes_kernel<NT_, false, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, true, false, true, true>   \
-        : kq_lanes::moe_lanes_kernel<NT_, false, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, true, false, false, true>; \
-    cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);                          \
-    k<<<grid, dim3(32 * kq_lanes_warps), SMEM, stream>>>(p);                                             \
+        ? kq_lanes::moe_lanes_kernel<NT_, false, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, true, false, true, true, XPRE_>   \
+        : kq_lanes::moe_lanes_kernel<NT_, false, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, true, false, false, true, XPRE_>; \
+    cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);                          \
+    k<<<grid, dim3(32 * kq_lanes_warps), smem, stream>>>(p);                                             \
     return static_cast<int>(cudaGetLastError());                                                         \
   }
 
-// (NT, KSPLIT, STAGES) of the dense instances, FOLD on (cuda_lanes.DENSE_VARIANTS)
+// (NT, KSPLIT, STAGES, XPRE) of the dense instances, FOLD on (cuda_lanes.DENSE_VARIANTS)
 #define KQ_LANES_DENSE_VARIANTS(G)                                                                             \
-  KQ_LANES_DENSE_TRY(1, G, 1, 4) KQ_LANES_DENSE_TRY(2, G, 1, 4) KQ_LANES_DENSE_TRY(1, G, 2, 4)                \
-  KQ_LANES_DENSE_TRY(2, G, 2, 4) KQ_LANES_DENSE_TRY(1, G, 4, 4) KQ_LANES_DENSE_TRY(2, G, 4, 4)                \
-  KQ_LANES_DENSE_TRY(2, G, 4, 6) KQ_LANES_DENSE_TRY(2, G, 4, 8) KQ_LANES_DENSE_TRY(2, G, 2, 8)
+  KQ_LANES_DENSE_TRY(1, G, 1, 4, false) KQ_LANES_DENSE_TRY(2, G, 1, 4, false) KQ_LANES_DENSE_TRY(1, G, 2, 4, false) \
+  KQ_LANES_DENSE_TRY(2, G, 2, 4, false) KQ_LANES_DENSE_TRY(1, G, 4, 4, false) KQ_LANES_DENSE_TRY(2, G, 4, 4, false) \
+  KQ_LANES_DENSE_TRY(2, G, 4, 6, false) KQ_LANES_DENSE_TRY(2, G, 4, 8, false) KQ_LANES_DENSE_TRY(2, G, 2, 8, false) \
+  KQ_LANES_DENSE_TRY(1, G, 4, 4, true) KQ_LANES_DENSE_TRY(1, G, 2, 4, true) KQ_LANES_DENSE_TRY(2, G, 4, 4, true)
 
 #define KQ_LANES_ENTRY(G)                                                                                       \
   int kq_moe_lanes_g##G(const kq_lanes::Params& p, int n_blocks, int K, int n_tiles, int gated, int nt,         \
@@ -423,7 +460,7 @@ constexpr int kq_lanes_warps = 4;
     return -1;                                                                                                  \
   }                                                                                                             \
   int kq_dense_lanes_g##G(const kq_lanes::Params& p, int K, int n_tiles, int nt, int ksplit, int stages,        \
-                          cudaStream_t stream) {                                                                \
+                          int xpre, cudaStream_t stream) {                                                      \
     KQ_LANES_DENSE_VARIANTS(G)                                                                                  \
     return -1;                                                                                                  \
   }

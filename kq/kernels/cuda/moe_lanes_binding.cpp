@@ -22,14 +22,14 @@ int64_t launch(torch::Tensor a, torch::Tensor q, torch::Tensor s, torch::Tensor 
 
 int kq_dense_lanes_launch(const void* a, const void* q, const void* s, void* out, int rows, int lda, int ldo,
                           int K, int kb_total, int groups, int n_tiles, int group, int nt, int ksplit, int stages,
-                          void* stream);
+                          int xpre, void* stream);
 
 // a [rows, K] bf16, q lane words [N/8, KB, 8, 4, 4], s scales [N/8, 8, G], out [rows, N]
 int64_t launch_dense(torch::Tensor a, torch::Tensor q, torch::Tensor s, torch::Tensor out, int64_t K,
-                     int64_t group, int64_t nt, int64_t ksplit, int64_t stages) {
+                     int64_t group, int64_t nt, int64_t ksplit, int64_t stages, int64_t xpre) {
   return kq_dense_lanes_launch(a.data_ptr(), q.data_ptr(), s.data_ptr(), out.data_ptr(), a.size(0), a.stride(0),
                                out.stride(0), K, q.size(1), s.size(2), q.size(0), group, nt, ksplit, stages,
-                               at::cuda::getCurrentCUDAStream().stream());
+                               xpre, at::cuda::getCurrentCUDAStream().stream());
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

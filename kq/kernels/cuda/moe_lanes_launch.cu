@@ -5,9 +5,9 @@
 int kq_moe_lanes_g128(const kq_lanes::Params&, int, int, int, int, int, int, int, int, int, cudaStream_t);
 int kq_moe_lanes_g64(const kq_lanes::Params&, int, int, int, int, int, int, int, int, int, cudaStream_t);
 int kq_moe_lanes_g32(const kq_lanes::Params&, int, int, int, int, int, int, int, int, int, cudaStream_t);
-int kq_dense_lanes_g128(const kq_lanes::Params&, int, int, int, int, int, cudaStream_t);
-int kq_dense_lanes_g64(const kq_lanes::Params&, int, int, int, int, int, cudaStream_t);
-int kq_dense_lanes_g32(const kq_lanes::Params&, int, int, int, int, int, cudaStream_t);
+int kq_dense_lanes_g128(const kq_lanes::Params&, int, int, int, int, int, int, cudaStream_t);
+int kq_dense_lanes_g64(const kq_lanes::Params&, int, int, int, int, int, int, cudaStream_t);
+int kq_dense_lanes_g32(const kq_lanes::Params&, int, int, int, int, int, int, cudaStream_t);
 
 // returns cudaGetLastError() of the launch, or -1 when no instance matches (n_tiles must be even)
 int kq_moe_lanes_launch(const void* a, const void* q, const void* s, void* out, const int* pairs,
@@ -32,7 +32,7 @@ int kq_moe_lanes_launch(const void* a, const void* q, const void* s, void* out, 
 // one matrix, y [rows, N] = a [rows, K] W^T, no routing table (the kernel's DENSE instances)
 int kq_dense_lanes_launch(const void* a, const void* q, const void* s, void* out, int rows, int lda, int ldo,
                           int K, int kb_total, int groups, int n_tiles, int group, int nt, int ksplit, int stages,
-                          void* stream) {
+                          int xpre, void* stream) {
   const kq_lanes::Params p{static_cast<const __nv_bfloat16*>(a), static_cast<const int4*>(q),
                            static_cast<const __nv_bfloat16*>(s), static_cast<__nv_bfloat16*>(out), nullptr,
                            nullptr, nullptr, nullptr, lda, ldo, K, kb_total, groups, n_tiles,
@@ -40,9 +40,9 @@ int kq_dense_lanes_launch(const void* a, const void* q, const void* s, void* out
   if (n_tiles % 2 || rows <= 0) return -1;
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   switch (group) {
-    case 128: return kq_dense_lanes_g128(p, K, n_tiles, nt, ksplit, stages, st);
-    case 64: return kq_dense_lanes_g64(p, K, n_tiles, nt, ksplit, stages, st);
-    case 32: return kq_dense_lanes_g32(p, K, n_tiles, nt, ksplit, stages, st);
+    case 128: return kq_dense_lanes_g128(p, K, n_tiles, nt, ksplit, stages, xpre, st);
+    case 64: return kq_dense_lanes_g64(p, K, n_tiles, nt, ksplit, stages, xpre, st);
+    case 32: return kq_dense_lanes_g32(p, K, n_tiles, nt, ksplit, stages, xpre, st);
     default: return -1;
   }
 }
