@@ -523,7 +523,7 @@ def dense_lanes(base, a, n, k, m, group, copies):
             pick = cuda_lanes.pick_dense(m, n // 8, kb)
             for v in cuda_lanes.DENSE_VARIANTS:
                 us = graph_us([lambda w=w: cuda_lanes.linear(a, w, v) for w in ws])
-                log({**base, "kind": f"lanes_dense_g{group}_{cuda_lanes.variant_name(v)}", "us": round(us, 2),
+                log({**base, "kind": f"lanes_dense_g{group}_{cuda_lanes.dense_variant_name(v)}", "us": round(us, 2),
                      "GBps": round(n * k * bpw / us / 1e3, 1), "picked": v == pick})
         us = graph_us([lambda w=w: w4a16_linear(a, w) for w in ws])
         log({**base, "kind": f"kq_lane_g{group}", "us": round(us, 2), "GBps": round(n * k * bpw / us / 1e3, 1),

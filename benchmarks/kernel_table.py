@@ -92,9 +92,9 @@ def dense(by: dict) -> None:
     for c, m in cases:
         lane, tiles = by[(c, m, "kq_lane_g128")], by.get((c, m, "kq_g128"))
         if REPICK:        # the instance cuda_lanes.pick_dense chooses now, where the CUDA kernel serves
-            from kq.kernels.cuda_lanes import pick_dense, variant_name
+            from kq.kernels.cuda_lanes import dense_variant_name, pick_dense
             n, k = lane["N"], lane["K"]
-            lane = by.get((c, m, "lanes_dense_g128_" + variant_name(pick_dense(m, n // 8, -(-k // 128))))) or lane
+            lane = by.get((c, m, "lanes_dense_g128_" + dense_variant_name(pick_dense(m, n // 8, -(-k // 128))))) or lane
         bf16, fp8 = by.get((c, m, "cublas_bf16")), by.get((c, m, "cublas_fp8"))
         r = lambda p, b: f"{p['us'] / b['us']:.2f}x ({p['us']:.1f})" if p and b else "n/a"   # noqa: E731
         print(f"| {c.removeprefix('dense_')} | {m} | {lane['us']:.1f} ({lane['GBps'] / 1000:.2f}) | "

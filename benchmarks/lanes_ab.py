@@ -29,13 +29,15 @@ from kq.kernels import cuda_lanes  # noqa: E402
 from kq.kernels import triton_ops as kops  # noqa: E402
 
 # -D flags per variant (the seventh session A/B'd scale and activation prefetches, evict-first weights and
-# the activations through the ring here: benchmarks/results/kernels.md; the last became the XSM instances)
+# the activations through the ring here, the eighth group 32 at 4 CTAs: benchmarks/results/kernels.md; the
+# activations through the ring became the XSM instances)
 DEFINES = {
     "base": [],
 }
 MOE_CASES = [("glm52", 1, 128), ("glm52", 16, 128), ("glm52", 16, 32), ("glm52", 64, 32),
              ("kimi_tp8", 16, 128), ("kimi_tp8", 16, 32), ("kimi_tp8", 64, 128), ("kimi_tp8", 64, 32)]
-DENSE_MS = (1, 8)
+DENSE_MS = (1, 2, 8)
+DENSE_SHAPES = ((12288, 6144), (4096, 7168))     # #3's dense shape; Kimi K2's gate+up as a linear
 
 
 def build(variant: str):
@@ -48,6 +50,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--all-instances", action="store_true",
                     help="time every instance of each stage, not only the picked one (pick's rows)")
+    ap.add_argument("--cases", default="", help="only the cases whose name contains one of these (comma list)")
     ap.add_argument("--build-one", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.build_one:
@@ -81,14 +84,16 @@ def main() -> None:
                            for rt, a, o in zip(rts, acts, ys)]
                 cases.append((f"{name}:{m}:g{group}", stage + (f":{cuda_lanes.variant_name(inst)}" if inst else ""),
                               fns, acts if stage == "gate_up" else ys))
-    n, k = 12288, 6144
-    w = random_lane_linear(n, k, 128)
-    for m in DENSE_MS:
-        a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
-        y = torch.empty(m, n, device=DEV, dtype=torch.bfloat16)
-        for inst in cuda_lanes.DENSE_VARIANTS if args.all_instances else [None]:
-            cases.append((f"dense_{n}x{k}:{m}", "linear" + (f":{cuda_lanes.variant_name(inst)}" if inst else ""),
-                          [lambda a=a, y=y, inst=inst: cuda_lanes.linear(a, w, inst, out=y)], [y]))
+    for n, k in DENSE_SHAPES:
+        w = random_lane_linear(n, k, 128)
+        for m in DENSE_MS:
+            a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+            y = torch.empty(m, n, device=DEV, dtype=torch.bfloat16)
+            for inst in cuda_lanes.DENSE_VARIANTS if args.all_instances else [None]:
+                cases.append((f"dense_{n}x{k}:{m}", "linear" + (f":{cuda_lanes.dense_variant_name(inst)}" if inst else ""),
+                              [lambda a=a, y=y, w=w, inst=inst: cuda_lanes.linear(a, w, inst, out=y)], [y]))
+    if args.cases:
+        cases = [c for c in cases if any(f in c[0] for f in args.cases.split(","))]
     ref = {}
     for r in range(args.rounds):
         order = names[r % len(names):] + names[:r % len(names)]

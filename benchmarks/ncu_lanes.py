@@ -61,7 +61,7 @@ def main() -> None:
         for _ in range(2):
             cuda_lanes.linear(a, w)
         torch.cuda.synchronize()
-        print(f"dense {n}x{k} M={m}: {cuda_lanes.variant_name(cuda_lanes.pick_dense(m, n // 8, kb))} x2", flush=True)
+        print(f"dense {n}x{k} M={m}: {cuda_lanes.dense_variant_name(cuda_lanes.pick_dense(m, n // 8, kb))} x2", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# One lent H200 (nvidia-h200), one call, the eighth session's probes; STEPS picks them (default: all):
+#  tests   the lane kernel's dense GPU tests (the XPRE instances among them);
+#  ab      benchmarks/lanes_ab.py with AB_VARIANTS (default base) on the cases AB_CASES (default g32);
+#  dense   lanes_ab: every dense instance on 12288x6144 at M = 1, 2 and 8;
+#  tiles   benchmarks/dense_tiles_probe.py at M = 64 (Triton tile configs, tiles layout);
+#  nov3    the same with DISABLE_MMA_V3=1 (Triton's mma.sync at 64-row tiles; a probe, not a setting);
+#  floor   benchmarks/read_floor.py (one kernel reading the dense rows' bytes).
+# carry: .whl-slim .gpu        results: $OUT/probe.tgz
+source benchmarks/gpu_common.sh probe
+export MAX_JOBS=16
+STEPS=${STEPS:-tests,dense,tiles,nov3,floor}
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+python3 -c "from kq.kernels import cuda_lanes; cuda_lanes._ext()" && echo "ext built after $(( $(date +%s) - T0 )) s"
+if has tests; then
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_lanes_gpu.py -k "dense or linear" \
+    > "$R/pytest_dense.log" 2>&1; tail -1 "$R/pytest_dense.log"; grep FAILED "$R/pytest_dense.log" | head
+  echo "tests done after $(( $(date +%s) - T0 )) s"
+fi
+ab() {   # lanes_ab with a summary table: $1 = file stem, the rest = lanes_ab arguments
+  local f=$1; shift
+  timeout "${AB_TIMEOUT:-200}" python3 benchmarks/lanes_ab.py "$@" > "$R/$f.jsonl" 2> "$R/$f.err"
+  echo "$f rc $? after $(( $(date +%s) - T0 )) s"; tail -2 "$R/$f.err"
+  python3 - "$R/$f.jsonl" <<'PY'
+import json, sys, collections
+t = collections.defaultdict(list); same = {}
+for l in open(sys.argv[1]):
+    r = json.loads(l); t[(r["case"], r["stage"], r["variant"])].append(r["us"])
+    if r["same_as_base"] is False: same[(r["case"], r["stage"], r["variant"])] = False
+vs = list(dict.fromkeys(k[2] for k in t))
+print("case stage " + " ".join(vs))
+for c, s in dict.fromkeys((k[0], k[1]) for k in t):
+    b = min(t[(c, s, "base")])
+    print(c, s, " ".join(f"{min(t[(c, s, v)]):.1f}({b / min(t[(c, s, v)]):.3f})" for v in vs))
+print("outputs differing from base:", same or "none")
+PY
+}
+has ab && ab ab --variants "${AB_VARIANTS:-base}" --cases "${AB_CASES:-g32}"
+has dense && ab ab_dense --variants base --all-instances --cases dense
+tiles() {   # $1 = file stem; the environment picks Triton's MMA
+  timeout 150 python3 benchmarks/dense_tiles_probe.py --m 64 > "$R/$1.jsonl" 2> "$R/$1.err"
+  echo "$1 rc $? after $(( $(date +%s) - T0 )) s"; tail -2 "$R/$1.err"
+  python3 -c "
+import json
+for l in open('$R/$1.jsonl'):
+    r = json.loads(l); c = r.get('cfg', {})
+    print(r['M'], r.get('kind', '?'), *(c.get(f) for f in ('block_m', 'block_n', 'split_k', 'num_warps', 'num_stages')),
+          r.get('us', r.get('error', '')[:80]), r.get('rel_to_default', ''))"
+}
+has tiles && tiles tiles64
+has nov3 && DISABLE_MMA_V3=1 TRITON_CACHE_DIR=/tmp/triton_nov3 tiles tiles64_nov3
+if has floor; then
+  timeout 150 python3 benchmarks/read_floor.py > "$R/floor.jsonl" 2> "$R/floor.err"
+  echo "floor rc $? after $(( $(date +%s) - T0 )) s"; tail -2 "$R/floor.err"; grep -E '"best"|empty' "$R/floor.jsonl"
+fi
+tar czf "$OUT/probe.tgz" -C "$OUT" probe && rm -rf "$R"
