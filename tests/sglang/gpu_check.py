@@ -219,8 +219,9 @@ def moe_rows(folder: Path, group: int, tokens: list[int], dry: bool, marlin_ok: 
         kq_layer.quant_method.process_weights_after_loading(kq_layer)
         info["kq_method"] = type(kq_layer.quant_method).__name__
         info["kq_used_rank_file"] = kq_layer.kq_rank_files is not None
+        # in the layout the plugin chose (kq.kernels.moe_lane_layout: the lane layout on Hopper)
         mine = prepack_moe(raw["w13_weight_packed"], raw["w13_weight_scale"], raw["w2_weight_packed"],
-                           raw["w2_weight_scale"], group)
+                           raw["w2_weight_scale"], group, lane=kq_layer.kq_moe.lane)
         info["kq_weights_equal_prepack_of_loaded"] = all(
             torch.equal(getattr(mine, a), getattr(kq_layer.kq_moe, a)) for a in ("w13_q", "w13_s", "w2_q", "w2_s"))
         del mine
