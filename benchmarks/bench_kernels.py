@@ -112,6 +112,17 @@ def random_lane_moe(e, h, i, group):
     return prepack_moe(p13, s13, p2, s2, group, lane=True)
 
 
+def random_linears(n, k, group):
+    """Copies of a random [n, k] linear in the tiles layout, enough that a graph over them reads HBM
+    (about 2 GB, 2-24 copies), and the bytes per weight."""
+    bpw = 0.5 + 2 / group
+    ws = []
+    for _ in range(max(2, min(24, int(2e9 // (n * k * bpw))))):
+        q, s = random_prepacked(1, n, k, group)
+        ws.append(PrepackedLinear(q[0], s[0], n, k, group))
+    return ws, bpw
+
+
 def random_lane_linear(n, k, group):
     """A random [n, k] linear (random words and scales) in the lane layout (prepack_linear(lane=True)'s)."""
     kb = -(-k // PACK_K)
@@ -445,12 +456,8 @@ def dense_case(name, n, k, ms, peers, groups=(128,), kq=True, sweep=False):
         a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
         base = {"case": name, "N": n, "K": k, "M": m}
         for group in groups if kq else []:
-            bpw = 0.5 + 2 / group
-            copies = max(2, min(24, int(2e9 // (n * k * bpw))))
-            ws = []
-            for _ in range(copies):
-                q, s = random_prepacked(1, n, k, group)
-                ws.append(PrepackedLinear(q[0], s[0], n, k, group))
+            ws, bpw = random_linears(n, k, group)
+            copies = len(ws)
             if AB and m < kops.DEQUANT_GEMM_MIN_M:
                 ab_time(base | {"group": group}, kops.dense_config(m, n, k, sms), f"kq_ab_dense_g{group}",
                         lambda c: [lambda w=w: kops.w4a16_linear(a, w, config=c) for w in ws], n * k * bpw)

@@ -20,10 +20,9 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
-from bench_kernels import DEV, graph_us, random_prepacked  # noqa: E402
+from bench_kernels import DEV, graph_us, random_linears  # noqa: E402
 
 from kq.kernels import triton_ops as kops  # noqa: E402
-from kq.kernels.layout import PrepackedLinear  # noqa: E402
 
 T = kops.TileConfig
 CANDIDATES = [T(32, 128, 2, 4, 4), T(32, 128, 2, 4, 5), T(32, 128, 2, 8, 3), T(32, 128, 4, 4, 3),
@@ -46,12 +45,7 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     copies = max(2, min(24, int(2e9 // (n * k * 2))))
     wb = [torch.randn(n, k, device=DEV, dtype=torch.bfloat16) for _ in range(copies)]
-    bpw = 0.5 + 2 / group
-    cq = max(2, min(24, int(2e9 // (n * k * bpw))))
-    ws = []
-    for _ in range(cq):
-        q, s = random_prepacked(1, n, k, group)
-        ws.append(PrepackedLinear(q[0], s[0], n, k, group))
+    ws, _ = random_linears(n, k, group)
     for m in (int(v) for v in args.m.split(",")):
         a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
         base = {"case": f"dense_{n}x{k}", "M": m}

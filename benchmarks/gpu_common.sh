@@ -1,7 +1,7 @@
 # Sourced by the one-GPU scripts (gpu_one.sh, gpu_record.sh): results folder $R = $OUT/$1, the
 # SGLang wheels from .whl-slim installed into /tmp/site-$1 and put on PYTHONPATH with the stubs in
 # .gpu/stubs, the GPU's name, driver and clocks into $R/gpu.txt; T0 = the start, for elapsed times;
-# kernel_tests and decode_rows, the steps both scripts run.
+# kernel_tests and decode_rows, the steps both scripts run; ab_table, the summary of a lanes_ab.py run.
 set -o pipefail
 OUT=${OUT:-out}; R=$OUT/$1; mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_EXTENSIONS_DIR=/tmp/kq_ext
@@ -24,4 +24,22 @@ decode_rows() {
   timeout "${DECODE_TIMEOUT:-260}" python3 benchmarks/bench_kernels.py --out "$R" --lanes --peers dense,fp8 \
     --moe glm52,kimi_tp8 --tokens 1,16,64 --groups 128,32 --dense-m "${DENSE_M:-1,8,16,64,4096}" > "$R/decode.log" 2>&1
   echo "decode rc $? after $(( $(date +%s) - T0 )) s"
+}
+
+# benchmarks/lanes_ab.py's rows ($1, JSON lines) as a table: per case and stage the best time of each
+# variant and its speed-up over base, then any output that differed from base's
+ab_table() {
+  python3 - "$1" <<'PY'
+import json, sys, collections
+t = collections.defaultdict(list); same = {}
+for l in open(sys.argv[1]):
+    r = json.loads(l); t[(r["case"], r["stage"], r["variant"])].append(r["us"])
+    if r["same_as_base"] is False: same[(r["case"], r["stage"], r["variant"])] = False
+vs = list(dict.fromkeys(k[2] for k in t))
+print("case stage " + " ".join(vs))
+for c, s in dict.fromkeys((k[0], k[1]) for k in t):
+    b = min(t[(c, s, "base")])
+    print(c, s, " ".join(f"{min(t[(c, s, v)]):.1f}({b / min(t[(c, s, v)]):.3f})" for v in vs))
+print("outputs differing from base:", same or "none")
+PY
 }

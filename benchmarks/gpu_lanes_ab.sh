@@ -8,19 +8,7 @@ export MAX_JOBS=16
 timeout "${AB_TIMEOUT:-300}" python3 benchmarks/lanes_ab.py --variants "${AB_VARIANTS:-base}" ${AB_ARGS:-} \
   > "$R/ab.jsonl" 2> "$R/ab.err"
 echo "ab rc $? after $(( $(date +%s) - T0 )) s"; tail -3 "$R/ab.err"
-python3 - "$R/ab.jsonl" <<'PY'
-import json, sys, collections
-t = collections.defaultdict(list); same = {}
-for l in open(sys.argv[1]):
-    r = json.loads(l); t[(r["case"], r["stage"], r["variant"])].append(r["us"])
-    if r["same_as_base"] is False: same[(r["case"], r["stage"], r["variant"])] = False
-vs = list(dict.fromkeys(k[2] for k in t))
-print("case stage " + " ".join(vs))
-for c, s in dict.fromkeys((k[0], k[1]) for k in t):
-    b = min(t[(c, s, "base")])
-    print(c, s, " ".join(f"{min(t[(c, s, v)]):.1f}({b / min(t[(c, s, v)]):.3f})" for v in vs))
-print("outputs differing from base:", same or "none")
-PY
+ab_table "$R/ab.jsonl"
 if [ -n "${NCU_CASES:-}" ]; then
   timeout "${NCU_TIMEOUT:-150}" ncu --clock-control none -k regex:moe_lanes_kernel --import-source no \
     --section WarpStateStats --section SourceCounters --section SpeedOfLight -o "$R/src" \

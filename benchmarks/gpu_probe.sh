@@ -21,19 +21,7 @@ ab() {   # lanes_ab with a summary table: $1 = file stem, the rest = lanes_ab ar
   local f=$1; shift
   timeout "${AB_TIMEOUT:-200}" python3 benchmarks/lanes_ab.py "$@" > "$R/$f.jsonl" 2> "$R/$f.err"
   echo "$f rc $? after $(( $(date +%s) - T0 )) s"; tail -2 "$R/$f.err"
-  python3 - "$R/$f.jsonl" <<'PY'
-import json, sys, collections
-t = collections.defaultdict(list); same = {}
-for l in open(sys.argv[1]):
-    r = json.loads(l); t[(r["case"], r["stage"], r["variant"])].append(r["us"])
-    if r["same_as_base"] is False: same[(r["case"], r["stage"], r["variant"])] = False
-vs = list(dict.fromkeys(k[2] for k in t))
-print("case stage " + " ".join(vs))
-for c, s in dict.fromkeys((k[0], k[1]) for k in t):
-    b = min(t[(c, s, "base")])
-    print(c, s, " ".join(f"{min(t[(c, s, v)]):.1f}({b / min(t[(c, s, v)]):.3f})" for v in vs))
-print("outputs differing from base:", same or "none")
-PY
+  ab_table "$R/$f.jsonl"
 }
 has ab && ab ab --variants "${AB_VARIANTS:-base}" --cases "${AB_CASES:-g32}"
 has dense && ab ab_dense --variants base --all-instances --cases dense
