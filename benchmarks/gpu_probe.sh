@@ -2,7 +2,7 @@
 # One lent H200 (nvidia-h200), one call, the eighth session's probes; STEPS picks them (default: all):
 #  tests   the lane kernel's dense GPU tests (the XPRE instances among them);
 #  ab      benchmarks/lanes_ab.py with AB_VARIANTS (default base) on the cases AB_CASES (default g32);
-#  dense   lanes_ab: every dense instance on 12288x6144 at M = 1, 2 and 8;
+#  dense   lanes_ab: every dense instance on 12288x6144 and 4096x7168 at M = DENSE_M (default 1,2,8);
 #  tiles   benchmarks/dense_tiles_probe.py at M = 64 (Triton tile configs, tiles layout);
 #  nov3    the same with DISABLE_MMA_V3=1 (Triton's mma.sync at 64-row tiles; a probe, not a setting);
 #  floor   benchmarks/read_floor.py (one kernel reading the dense rows' bytes).
@@ -24,7 +24,7 @@ ab() {   # lanes_ab with a summary table: $1 = file stem, the rest = lanes_ab ar
   ab_table "$R/$f.jsonl"
 }
 has ab && ab ab --variants "${AB_VARIANTS:-base}" --cases "${AB_CASES:-g32}"
-has dense && ab ab_dense --variants base --all-instances --cases dense
+has dense && ab ab_dense --variants base --all-instances --cases dense --dense-m "${DENSE_M:-1,2,8}"
 tiles() {   # $1 = file stem; the environment picks Triton's MMA
   timeout 150 python3 benchmarks/dense_tiles_probe.py --m 64 > "$R/$1.jsonl" 2> "$R/$1.err"
   echo "$1 rc $? after $(( $(date +%s) - T0 )) s"; tail -2 "$R/$1.err"

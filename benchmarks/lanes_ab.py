@@ -51,6 +51,7 @@ def main() -> None:
     ap.add_argument("--all-instances", action="store_true",
                     help="time every instance of each stage, not only the picked one (pick's rows)")
     ap.add_argument("--cases", default="", help="only the cases whose name contains one of these (comma list)")
+    ap.add_argument("--dense-m", default=",".join(map(str, DENSE_MS)), help="rows of the dense cases")
     ap.add_argument("--build-one", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.build_one:
@@ -86,7 +87,7 @@ def main() -> None:
                               fns, acts if stage == "gate_up" else ys))
     for n, k in DENSE_SHAPES:
         w = random_lane_linear(n, k, 128)
-        for m in DENSE_MS:
+        for m in (int(v) for v in args.dense_m.split(",")):
             a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
             y = torch.empty(m, n, device=DEV, dtype=torch.bfloat16)
             for inst in cuda_lanes.DENSE_VARIANTS if args.all_instances else [None]:
