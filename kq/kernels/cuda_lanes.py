@@ -190,10 +190,11 @@ def fused_moe_lanes(x: torch.Tensor, pp: PrepackedMoE, topk_weights: torch.Tenso
     return combine_topk(y, topk_ids, topk_weights, expert_map, routed_scaling_factor)
 
 
-def linear(x: torch.Tensor, w: PrepackedLinear, variant: tuple[int, int, int] | None = None,
+def linear(x: torch.Tensor, w: PrepackedLinear, variant: tuple | None = None,
            out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ W^T for a lane-layout linear (prepack_linear(lane=True)); x [M, K] bf16 contiguous, any
-    M (each block of 8 rows reads the weights again: 16 rows took 1.7x the time of 8 on the H200)."""
+    M (each block of 8 rows reads the weights again: 16 rows took 1.7x the time of 8 on the H200);
+    variant (NT, KSPLIT, STAGES[, XPRE]) or picked (pick_dense)."""
     if not w.lane:
         raise ValueError("cuda_lanes.linear: the weight must be prepacked with lane=True")
     m = x.shape[0]
