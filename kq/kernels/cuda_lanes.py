@@ -34,7 +34,7 @@ DOWN_VARIANTS = [(2, 1, 4, True), (2, 1, 6, True), (2, 4, 4, True), (2, 1, 4, Fa
 DENSE_VARIANTS = [(1, 1, 4), (2, 1, 4), (1, 2, 4), (2, 2, 4), (1, 4, 4), (2, 4, 4), (2, 4, 6), (2, 4, 8), (2, 2, 8),
                   (1, 4, 4, True), (1, 2, 4, True), (2, 4, 4, True)]
 # pick_dense takes XPRE up to this many rows, while they take at most XPRE_MAX_BYTES of shared memory
-# per CTA (beside the ring: a K of 16k inputs at 2 rows)
+# per CTA (beside the ring: a K of 16k inputs at 2 rows; a row takes moe_lanes.cuh's xpre_row_bytes)
 XPRE_MAX_ROWS, XPRE_MAX_BYTES = 2, 64 << 10
 # the MoE grid's y dimension holds the routing blocks (8 pairs each): CUDA's limit
 MAX_BLOCKS = 65535
@@ -97,8 +97,8 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: in
 
 
 def variant_name(v: tuple) -> str:
-    """An instance's name in benchmark rows: n<NT>k<KSPLIT>s<STAGES>, "nf" appended when FOLD is off, "x"
-    for the XSM instances (dense instances, (NT, KSPLIT, STAGES), always fold)."""
+    """A MoE instance's name in benchmark rows: n<NT>k<KSPLIT>s<STAGES>, "nf" appended when FOLD is off,
+    "x" for the XSM instances (dense instances: dense_variant_name)."""
     return f"n{v[0]}k{v[1]}s{v[2]}{'' if len(v) < 4 or v[3] else 'nf'}{'x' if len(v) > 4 and v[4] else ''}"
 
 

@@ -128,6 +128,10 @@ __device__ __forceinline__ void block_mma(const int4 (&w)[NT][MATS][2], const ui
   }
 }
 
+// XPRE instances: the bytes of one activation row in shared memory (K padded to whole blocks, plus 32 so
+// that the 4 rows a half-warp reads for an mma's B fragment fill the 32 banks once); kernel and host
+__host__ __device__ constexpr int xpre_row_bytes(int kb_total) { return kb_total * 256 + 32; }
+
 // XSM instances: the activations go through the ring too, each lane copying its own 8 bytes per step
 // (XSLOT bytes per warp and slot, chunk-major so a lane reads them back with 4 conflict-free 16-byte
 // loads), STAGES - 1 blocks ahead like the weights, instead of register sets one block ahead. Nsight
@@ -164,12 +168,13 @@ __device__ __forceinline__ void load_xs(XS<NT, MATS>& s, const __nv_bfloat16* co
           s.sc[i][m][c] = make_uint2(__ldg(reinterpret_cast<const unsigned short*>(sp)), 0u);
         }
       }
-  if (!LOAD_X) return;                             // the ring brings them (XSM)
+  if constexpr (LOAD_X) {                          // else the ring (XSM) or shared memory (XPRE) brings them
 #pragma unroll
-  for (int st = 0; st < 8; ++st) {
-    const int k = kb * 128 + 16 * st;              // + 4t inside xr; K4 = K - 4t
-    const bool ok = vr && (EVEN_K || k < K4);
-    s.x[st] = ok ? __ldg(reinterpret_cast<const uint2*>(xr + k)) : make_uint2(0, 0);
+    for (int st = 0; st < 8; ++st) {
+      const int k = kb * 128 + 16 * st;            // + 4t inside xr; K4 = K - 4t
+      const bool ok = vr && (EVEN_K || k < K4);
+      s.x[st] = ok ? __ldg(reinterpret_cast<const uint2*>(xr + k)) : make_uint2(0, 0);
+    }
   }
 }
 
@@ -258,10 +263,9 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
   const bool active = 2 * pair0 < p.n_tiles;      // warps past the last column still meet the barrier
   if (KSPLIT == 1 && !active && !XPRE) return;
   // XPRE: the block's rows of a, all of K, copied once into shared memory behind the rings (8-byte
-  // cp.async by every thread of the CTA, zeros past K), row stride kb_total * 256 + 32 bytes so that the
-  // 4 rows a half-warp reads for an mma's B fragment fill the 32 banks once; the oldest cp.async group
+  // cp.async by every thread of the CTA, zeros past K), row stride xpre_row_bytes; the oldest cp.async group
   const uint32_t xpre = static_cast<uint32_t>(__cvta_generic_to_shared(ring + WARPS * STAGES * SLOT16));
-  const int xstride = p.kb_total * 256 + 32;
+  const int xstride = xpre_row_bytes(p.kb_total);
   if constexpr (XPRE) {
     const int chunks = p.kb_total * 32;            // 8-byte chunks of a row
     for (int idx = threadIdx.x; idx < count * chunks; idx += 32 * WARPS) {
@@ -436,7 +440,7 @@ constexpr int kq_lanes_warps = 4;
   if (nt == NT_ && ksplit == KSPLIT_ && stages == STAGES_ && (xpre != 0) == XPRE_) {                     \
     constexpr int CG = kq_lanes_warps / KSPLIT_;                                                         \
     const int smem = kq_lanes_warps * STAGES_ * NT_ * 2 * 512 +                                          \
-                     (XPRE_ ? (p.rows < 8 ? p.rows : 8) * (p.kb_total * 256 + 32) : 0);                  \
+                     (XPRE_ ? (p.rows < 8 ? p.rows : 8) * kq_lanes::xpre_row_bytes(p.kb_total) : 0);     \
     const dim3 grid((p.rows + 7) / 8, (n_tiles + 2 * NT_ * CG - 1) / (2 * NT_ * CG));                    \
     auto* k = K % 128 == 0                                                                               \
         ? kq_lanes::moe_lanes_kernel<NT_, false, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, true, false, true, true, XPRE_>   \
