@@ -112,12 +112,17 @@ def random_lane_moe(e, h, i, group):
     return prepack_moe(p13, s13, p2, s2, group, lane=True)
 
 
+def hbm_copies(nbytes: float) -> int:
+    """How many copies of a buffer of nbytes a graph rotates through so that every call reads HBM, not
+    the 60 MB L2: about 2 GB in all, 2-24 copies."""
+    return max(2, min(24, int(2e9 // nbytes)))
+
+
 def random_linears(n, k, group):
-    """Copies of a random [n, k] linear in the tiles layout, enough that a graph over them reads HBM
-    (about 2 GB, 2-24 copies), and the bytes per weight."""
+    """hbm_copies of a random [n, k] linear in the tiles layout, and the bytes per weight."""
     bpw = 0.5 + 2 / group
     ws = []
-    for _ in range(max(2, min(24, int(2e9 // (n * k * bpw))))):
+    for _ in range(hbm_copies(n * k * bpw)):
         q, s = random_prepacked(1, n, k, group)
         ws.append(PrepackedLinear(q[0], s[0], n, k, group))
     return ws, bpw
@@ -484,7 +489,7 @@ def dense_case(name, n, k, ms, peers, groups=(128,), kq=True, sweep=False):
                 dense_lanes(base, a, n, k, m, group, copies)
         if "dense" not in peers:
             continue
-        copies = max(2, min(24, int(2e9 // (n * k * 2))))
+        copies = hbm_copies(n * k * 2)
         wb = [torch.randn(n, k, device=DEV, dtype=torch.bfloat16) for _ in range(copies)]
         us = graph_us([lambda w=w: a @ w.t() for w in wb])
         log({**base, "kind": "cublas_bf16", "us": round(us, 2), "GBps": round(n * k * 2 / us / 1e3, 1),

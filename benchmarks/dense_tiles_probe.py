@@ -20,7 +20,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
-from bench_kernels import DEV, graph_us, random_linears  # noqa: E402
+from bench_kernels import DEV, graph_us, hbm_copies, random_linears  # noqa: E402
 
 from kq.kernels import triton_ops as kops  # noqa: E402
 
@@ -43,8 +43,7 @@ def main() -> None:
     n, k = (int(v) for v in args.nk.split("x"))
     group = 128
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    copies = max(2, min(24, int(2e9 // (n * k * 2))))
-    wb = [torch.randn(n, k, device=DEV, dtype=torch.bfloat16) for _ in range(copies)]
+    wb = [torch.randn(n, k, device=DEV, dtype=torch.bfloat16) for _ in range(hbm_copies(n * k * 2))]
     ws, _ = random_linears(n, k, group)
     for m in (int(v) for v in args.m.split(",")):
         a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)

@@ -1,7 +1,8 @@
 # Sourced by the one-GPU scripts (gpu_one.sh, gpu_record.sh): results folder $R = $OUT/$1, the
 # SGLang wheels from .whl-slim installed into /tmp/site-$1 and put on PYTHONPATH with the stubs in
 # .gpu/stubs, the GPU's name, driver and clocks into $R/gpu.txt; T0 = the start, for elapsed times;
-# kernel_tests and decode_rows, the steps both scripts run; ab_table, the summary of a lanes_ab.py run.
+# kernel_tests and decode_rows, the steps both scripts run; lanes_ab, a benchmarks/lanes_ab.py run with its
+# summary table (ab_table).
 set -o pipefail
 OUT=${OUT:-out}; R=$OUT/$1; mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_EXTENSIONS_DIR=/tmp/kq_ext
@@ -42,4 +43,13 @@ for c, s in dict.fromkeys((k[0], k[1]) for k in t):
     print(c, s, " ".join(f"{min(t[(c, s, v)]):.1f}({b / min(t[(c, s, v)]):.3f})" for v in vs))
 print("outputs differing from base:", same or "none")
 PY
+}
+
+# benchmarks/lanes_ab.py into $R/$1.jsonl (stderr $R/$1.err; AB_TIMEOUT, default 300 s), then its table;
+# the arguments after $1 go to lanes_ab.py
+lanes_ab() {
+  local f=$1; shift
+  timeout "${AB_TIMEOUT:-300}" python3 benchmarks/lanes_ab.py "$@" > "$R/$f.jsonl" 2> "$R/$f.err"
+  echo "$f rc $? after $(( $(date +%s) - T0 )) s"; tail -3 "$R/$f.err"
+  ab_table "$R/$f.jsonl"
 }

@@ -5,10 +5,7 @@
 # carry: .whl-slim .gpu        results: $OUT/ab.tgz
 source benchmarks/gpu_common.sh ab
 export MAX_JOBS=16
-timeout "${AB_TIMEOUT:-300}" python3 benchmarks/lanes_ab.py --variants "${AB_VARIANTS:-base}" ${AB_ARGS:-} \
-  > "$R/ab.jsonl" 2> "$R/ab.err"
-echo "ab rc $? after $(( $(date +%s) - T0 )) s"; tail -3 "$R/ab.err"
-ab_table "$R/ab.jsonl"
+lanes_ab ab --variants "${AB_VARIANTS:-base}" ${AB_ARGS:-}
 if [ -n "${NCU_CASES:-}" ]; then
   timeout "${NCU_TIMEOUT:-150}" ncu --clock-control none -k regex:moe_lanes_kernel --import-source no \
     --section WarpStateStats --section SourceCounters --section SpeedOfLight -o "$R/src" \

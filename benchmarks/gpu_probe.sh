@@ -10,6 +10,7 @@
 source benchmarks/gpu_common.sh probe
 export MAX_JOBS=16
 STEPS=${STEPS:-tests,dense,tiles,nov3,floor}
+export AB_TIMEOUT=${AB_TIMEOUT:-200}     # for lanes_ab (gpu_common.sh)
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 python3 -c "from kq.kernels import cuda_lanes; cuda_lanes._ext()" && echo "ext built after $(( $(date +%s) - T0 )) s"
 if has tests; then
@@ -17,14 +18,8 @@ if has tests; then
     > "$R/pytest_dense.log" 2>&1; tail -1 "$R/pytest_dense.log"; grep FAILED "$R/pytest_dense.log" | head
   echo "tests done after $(( $(date +%s) - T0 )) s"
 fi
-ab() {   # lanes_ab with a summary table: $1 = file stem, the rest = lanes_ab arguments
-  local f=$1; shift
-  timeout "${AB_TIMEOUT:-200}" python3 benchmarks/lanes_ab.py "$@" > "$R/$f.jsonl" 2> "$R/$f.err"
-  echo "$f rc $? after $(( $(date +%s) - T0 )) s"; tail -2 "$R/$f.err"
-  ab_table "$R/$f.jsonl"
-}
-has ab && ab ab --variants "${AB_VARIANTS:-base}" --cases "${AB_CASES:-g32}"
-has dense && ab ab_dense --variants base --all-instances --cases dense --dense-m "${DENSE_M:-1,2,8}"
+has ab && lanes_ab ab --variants "${AB_VARIANTS:-base}" --cases "${AB_CASES:-g32}"
+has dense && lanes_ab ab_dense --variants base --all-instances --cases dense --dense-m "${DENSE_M:-1,2,8}"
 tiles() {   # $1 = file stem; the environment picks Triton's MMA
   timeout 150 python3 benchmarks/dense_tiles_probe.py --m 64 > "$R/$1.jsonl" 2> "$R/$1.err"
   echo "$1 rc $? after $(( $(date +%s) - T0 )) s"; tail -2 "$R/$1.err"
