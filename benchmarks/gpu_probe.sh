@@ -5,14 +5,28 @@
 #  dense   lanes_ab: every dense instance on 12288x6144 and 4096x7168 at M = DENSE_M (default 1,2,8);
 #  tiles   benchmarks/dense_tiles_probe.py at M = 64 (Triton tile configs, tiles layout);
 #  nov3    the same with DISABLE_MMA_V3=1 (Triton's mma.sync at 64-row tiles; a probe, not a setting);
-#  floor   benchmarks/read_floor.py (one kernel reading the dense rows' bytes).
+#  floor   benchmarks/read_floor.py (one kernel reading the dense rows' bytes);
+#  swaptests  tests/test_kernels_gpu.py (swap_kernel's tests and the dense defaults that now take it);
+#  swap    benchmarks/dense_swap_probe.py (swap_kernel's tile configs against cuBLAS, SWAP_NK its cases).
 # carry: .whl-slim .gpu        results: $OUT/probe.tgz
 source benchmarks/gpu_common.sh probe
 export MAX_JOBS=16
 STEPS=${STEPS:-tests,dense,tiles,nov3,floor}
 export AB_TIMEOUT=${AB_TIMEOUT:-200}     # for lanes_ab (gpu_common.sh)
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
-python3 -c "from kq.kernels import cuda_lanes; cuda_lanes._ext()" && echo "ext built after $(( $(date +%s) - T0 )) s"
+if has tests || has ab || has dense; then
+  python3 -c "from kq.kernels import cuda_lanes; cuda_lanes._ext()" && echo "ext built after $(( $(date +%s) - T0 )) s"
+fi
+if has swaptests; then
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py > "$R/pytest_swap.log" 2>&1
+  tail -1 "$R/pytest_swap.log"; grep FAILED "$R/pytest_swap.log" | head
+  echo "swap tests done after $(( $(date +%s) - T0 )) s"
+fi
+if has swap; then
+  timeout "${SWAP_TIMEOUT:-330}" python3 benchmarks/dense_swap_probe.py ${SWAP_NK:+--nk "$SWAP_NK"} \
+    > "$R/swap.jsonl" 2> "$R/swap.err"
+  echo "swap rc $? after $(( $(date +%s) - T0 )) s"; tail -3 "$R/swap.err"; grep -v '^{' "$R/swap.jsonl"
+fi
 if has tests; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_lanes_gpu.py -k "dense or linear" \
     > "$R/pytest_dense.log" 2>&1; tail -1 "$R/pytest_dense.log"; grep FAILED "$R/pytest_dense.log" | head

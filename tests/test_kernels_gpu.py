@@ -70,6 +70,40 @@ def test_dense_split_k_configs(split, monkeypatch):
         assert _rel(ops.w4a16_linear(x, w, config=cfg), reference.w4a16_linear(x, w)) < 8e-3
 
 
+SWAP_CONFIGS = [ops.TileConfig(bm, bn, split, warps, stages, swap=True, masks=masks)
+                for bm, bn, split, warps, stages, masks in [
+                    (16, 64, 1, 4, 3, False), (32, 128, 2, 4, 3, False), (64, 128, 4, 4, 3, False),
+                    (64, 128, 2, 4, 4, True), (64, 128, 2, 8, 3, False), (64, 256, 1, 8, 3, False),
+                    (128, 128, 1, 8, 3, False), (64, 64, 4, 4, 3, True)]]
+
+
+@pytest.mark.skipif(torch.cuda.get_device_capability()[0] != 9, reason="swap_kernel is wgmma: Hopper only")
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("m,n", [(17, 1000), (64, 7168), (33, 520), (200, 768), (1, 256)])
+def test_swap_kernel_matches_reference(m, n, group, monkeypatch):
+    # every tile shape, split and mask variant of swap_kernel; K padded (not a multiple of 128) at
+    # groups 32 and 64; then its fp32 partial sums against a float64 product with the weights rounded
+    # to bf16 as the kernel rounds q * s (an indexing slip would be off by O(1), not 1e-6)
+    k = 2048 if group == 128 else 960
+    gen = torch.Generator(device=DEV).manual_seed(m * 3 + n + group)
+    p, s = _weights(1, n, k, group, gen)
+    w = prepack_linear(p[0], s[0], group)
+    x = torch.randn(m, k, generator=gen, device=DEV).to(torch.bfloat16)
+    want = reference.w4a16_linear(x, w)
+    _poisoned_out(monkeypatch)
+    kb = -(-k // 128)
+    for cfg in SWAP_CONFIGS:
+        if kb % cfg.split_k == 0:
+            assert _rel(ops.w4a16_linear(x, w, config=cfg), want) < 8e-3, cfg
+    codes = (p[0].unsqueeze(-1) >> torch.arange(0, 32, 4, device=DEV, dtype=torch.int32) & 0xF).flatten(1).double() - 8
+    wq = (codes * s[0].double().repeat_interleave(group, dim=1)).to(torch.bfloat16).double()
+    exact = x.double() @ wq.t()
+    for split in (1, 3 if kb % 3 == 0 else 2):
+        part = torch.full((split, m, n), float("nan"), device=DEV)
+        ops._launch_swap(x, w.q, w.s, part, k, n, group, ops.TileConfig(64, 128, split, swap=True), rows=m)
+        assert _rel(part.sum(0), exact) < 1e-6
+
+
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("fold,masks", [(True, False), (False, False), (True, True), (False, True)])
 def test_fold_and_unmasked_loads_match_reference(group, fold, masks, monkeypatch):

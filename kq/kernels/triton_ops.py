@@ -14,6 +14,7 @@ import torch
 import triton
 
 from .gemm_kernel import dequant_kernel, dequant_lane_kernel, splitk_reduce_kernel, w4a16_gemm_kernel
+from .swap_kernel import w4a16_swap_kernel
 from .layout import PACK_K, PrepackedLinear, PrepackedMoE
 from .moe_combine import combine_topk_kernel
 from .moe_routing import decode_size, max_blocks, moe_align_kernel
@@ -31,6 +32,8 @@ class TileConfig:
     num_stages: int = 3
     fold: bool | None = None    # codes enter the dot as q + 136 (gemm_kernel's FOLD); None: group >= 64
     masks: bool = False         # keep the K/N load masks even where they are idle (A/B runs; see _launch_gemm)
+    swap: bool = False          # dense only: swap_kernel (weights as wgmma's A operand, Hopper); then block_n
+                                # is the weight rows and block_m the activation rows of a program
 
 
 def _fold(cfg: TileConfig, group: int, deq: int) -> bool:
@@ -59,13 +62,25 @@ def _split_for(programs: int, kblocks: int, sms: int, waves: int = 2) -> int:
 DEQUANT_GEMM_MIN_M = 256
 
 
-def dense_config(m: int, n: int, k: int, sms: int) -> TileConfig:
-    """Tiles picked from the H200 sweep (benchmarks/results/kernels.md): BLOCK_M 16 up to 16 rows,
-    32 above (BLOCK_M 64 takes Triton's wgmma path with the slow plain dequant, 5-10x slower)."""
+def dense_config(m: int, n: int, k: int, sms: int, swap: bool = False) -> TileConfig:
+    """Tiles picked from the H200 sweeps (benchmarks/results/kernels.md). Up to 16 rows BLOCK_M 16 on
+    mma.sync; above, with `swap` (Hopper, tiles layout), swap_kernel: the weights as wgmma's A operand
+    (benchmarks/dense_swap_probe.py); else BLOCK_M 32 on mma.sync (BLOCK_M 64 in gemm_kernel takes
+    Triton's wgmma path with the slow plain dequant, 5-10x slower)."""
     kblocks = -(-k // PACK_K)
     if m <= 16:     # BLOCK_N 128 with the split sized for 64-wide tiles: 12288x6144 M=1 18.2 vs 22.1 us
         return TileConfig(16, 128, _split_for(triton.cdiv(n, 64), kblocks, sms, waves=4))
+    if swap:
+        bm = min(64, triton.next_power_of_2(m))
+        return TileConfig(bm, 128, _split_for(triton.cdiv(m, bm) * triton.cdiv(n, 128), kblocks, sms, waves=1),
+                          swap=True)
     return TileConfig(32, 128, _split_for(triton.cdiv(m, 32) * triton.cdiv(n, 128), kblocks, sms))
+
+
+def swap_serves(device: torch.device, w: PrepackedLinear) -> bool:
+    """swap_kernel needs wgmma (Hopper: sm_90) and the tiles layout."""
+    return (device.type == "cuda" and not _INTERPRETED and not w.lane
+            and torch.cuda.get_device_capability(device)[0] == 9)
 
 
 def moe_configs(pairs: int, e: int, h: int, i: int, sms: int, group: int = 128) -> tuple[TileConfig, TileConfig]:
@@ -136,6 +151,21 @@ def _launch_gemm(a, q, s, out, k, n, group, cfg: TileConfig, *, rows=0, routing=
         DEQ=deq, LANE=lane, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
+def _launch_swap(a, q, s, out, k, n, group, cfg: TileConfig, rows: int):
+    """swap_kernel on a tiles-layout matrix: out [rows, n], or [split, rows, n] fp32 partial sums."""
+    kblocks = -(-k // PACK_K)
+    if kblocks % cfg.split_k:
+        raise ValueError(f"split_k {cfg.split_k} does not divide the {kblocks} K blocks of {PACK_K}")
+    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(rows, cfg.block_m), cfg.split_k)
+    w4a16_swap_kernel[grid](
+        a, a.stride(0), q, q.stride(0), s, s.stride(0),
+        out, out.stride(0) if out.dim() == 3 else 0, out.stride(-2),
+        rows, n, k, kblocks // cfg.split_k,
+        GROUP=group, SPLIT_K=cfg.split_k, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
+        EVEN_K=not cfg.masks and k % PACK_K == 0, EVEN_N=not cfg.masks and n % cfg.block_n == 0,
+        ASM=not _INTERPRETED, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
 def _reduce(part, out, rows, n, gated):
     block = 256
     splitk_reduce_kernel[(rows, triton.cdiv(n, block))](
@@ -174,16 +204,19 @@ def w4a16_linear(x: torch.Tensor, w: PrepackedLinear, *, config: TileConfig | No
         dequant_min_m = LANE_DEQUANT_MIN_M if w.lane else DEQUANT_GEMM_MIN_M
     if config is None and m >= dequant_min_m:
         return (x2 @ dequantize(w)).reshape(*x.shape[:-1], n)
-    cfg = config or dense_config(m, n, k, _num_sms(x.device))
+    cfg = config or dense_config(m, n, k, _num_sms(x.device), swap=swap_serves(x.device, w))
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if cfg.swap and w.lane:
+        raise ValueError("swap configs read the tiles layout; this weight is in the lane layout")
     # the lane layout is the MoE's [E, ...] with one expert
     q, s = (w.q.unsqueeze(0), w.s.unsqueeze(0)) if w.lane else (w.q, w.s)
-    if cfg.split_k == 1:
-        _launch_gemm(x2, q, s, out, k, n, w.group, cfg, rows=m, lane=w.lane)
+    target = out if cfg.split_k == 1 else torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device)
+    if cfg.swap:
+        _launch_swap(x2, q, s, target, k, n, w.group, cfg, rows=m)
     else:
-        part = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device)
-        _launch_gemm(x2, q, s, part, k, n, w.group, cfg, rows=m, lane=w.lane)
-        _reduce(part, out, m, n, gated=False)
+        _launch_gemm(x2, q, s, target, k, n, w.group, cfg, rows=m, lane=w.lane)
+    if cfg.split_k > 1:
+        _reduce(target, out, m, n, gated=False)
     return out.reshape(*x.shape[:-1], n)
 
 
