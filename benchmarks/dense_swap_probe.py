@@ -34,6 +34,9 @@ def candidates(m: int) -> list:
     bms = [fit] if m <= 64 else [64, min(fit, 128)]
     shapes = [(64, 1, 4, 3), (64, 2, 4, 3), (64, 4, 4, 3), (128, 1, 4, 3), (128, 2, 4, 3), (128, 4, 4, 3),
               (128, 2, 4, 4), (128, 1, 8, 3), (128, 2, 8, 3), (128, 4, 8, 3), (256, 1, 8, 3), (256, 2, 8, 3)]
+    if os.environ.get("SWAP_MORE") == "1":     # the second probe: around the first one's best (128, 4, 8, 3)
+        shapes = [(128, 4, 8, 3), (128, 8, 8, 3), (128, 4, 8, 2), (128, 8, 8, 2), (128, 4, 8, 4), (128, 3, 8, 3),
+                  (256, 2, 16, 3), (256, 4, 16, 3), (256, 8, 16, 3), (64, 8, 4, 3), (64, 4, 4, 2)]
     return [T(bm, bn, split, warps, stages, swap=True) for bm in bms for bn, split, warps, stages in shapes]
 
 

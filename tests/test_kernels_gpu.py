@@ -83,7 +83,7 @@ SWAP_CONFIGS = [ops.TileConfig(bm, bn, split, warps, stages, swap=True, masks=ma
 def test_swap_kernel_matches_reference(m, n, group, monkeypatch):
     # every tile shape, split and mask variant of swap_kernel; K padded (not a multiple of 128) at
     # groups 32 and 64; then its fp32 partial sums against a float64 product with the weights rounded
-    # to bf16 as the kernel rounds q * s (an indexing slip would be off by O(1), not 1e-6)
+    # to bf16 as the kernel rounds q * s (an indexing slip would be off by O(1), not 1e-5)
     k = 2048 if group == 128 else 960
     gen = torch.Generator(device=DEV).manual_seed(m * 3 + n + group)
     p, s = _weights(1, n, k, group, gen)
@@ -101,7 +101,7 @@ def test_swap_kernel_matches_reference(m, n, group, monkeypatch):
     for split in (1, 3 if kb % 3 == 0 else 2):
         part = torch.full((split, m, n), float("nan"), device=DEV)
         ops._launch_swap(x, w.q, w.s, part, k, n, group, ops.TileConfig(64, 128, split, swap=True), rows=m)
-        assert _rel(part.sum(0), exact) < 1e-6
+        assert _rel(part.sum(0), exact) < 1e-5       # fp32 sums over K = 2048: ~2e-6
 
 
 @pytest.mark.parametrize("group", [32, 64, 128])

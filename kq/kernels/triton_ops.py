@@ -63,17 +63,20 @@ DEQUANT_GEMM_MIN_M = 256
 
 
 def dense_config(m: int, n: int, k: int, sms: int, swap: bool = False) -> TileConfig:
-    """Tiles picked from the H200 sweeps (benchmarks/results/kernels.md). Up to 16 rows BLOCK_M 16 on
-    mma.sync; above, with `swap` (Hopper, tiles layout), swap_kernel: the weights as wgmma's A operand
-    (benchmarks/dense_swap_probe.py); else BLOCK_M 32 on mma.sync (BLOCK_M 64 in gemm_kernel takes
-    Triton's wgmma path with the slow plain dequant, 5-10x slower)."""
+    """Tiles picked from the H200 sweeps (benchmarks/results/kernels.md). Up to 16 rows BLOCK_M 16 and
+    up to 32 rows BLOCK_M 32 on mma.sync; above, with `swap` (Hopper, tiles layout), swap_kernel, the
+    weights as wgmma's A operand: 64 or 128 activation rows by 128 weight rows (two warpgroups of
+    64), split over K until the grid covers the SMs twice up to 64 rows (12288x6144 at M = 64: 33.4
+    against 44.5 us on mma.sync, cuBLAS BF16 40.4; benchmarks/dense_swap_probe.py); else BLOCK_M 32
+    on mma.sync (BLOCK_M 64 in gemm_kernel takes Triton's wgmma path with the weights through shared
+    memory, 5-10x slower)."""
     kblocks = -(-k // PACK_K)
     if m <= 16:     # BLOCK_N 128 with the split sized for 64-wide tiles: 12288x6144 M=1 18.2 vs 22.1 us
         return TileConfig(16, 128, _split_for(triton.cdiv(n, 64), kblocks, sms, waves=4))
-    if swap:
-        bm = min(64, triton.next_power_of_2(m))
-        return TileConfig(bm, 128, _split_for(triton.cdiv(m, bm) * triton.cdiv(n, 128), kblocks, sms, waves=1),
-                          swap=True)
+    if swap and m > 32:
+        bm = 64 if m <= 64 else 128
+        split = _split_for(triton.cdiv(n, 128), kblocks, sms) if m <= 64 else 1
+        return TileConfig(bm, 128, split, num_warps=8, swap=True)
     return TileConfig(32, 128, _split_for(triton.cdiv(m, 32) * triton.cdiv(n, 128), kblocks, sms))
 
 
