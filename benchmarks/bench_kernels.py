@@ -464,12 +464,12 @@ def dense_case(name, n, k, ms, peers, groups=(128,), kq=True, sweep=False):
             ws, bpw = random_linears(n, k, group)
             copies = len(ws)
             if AB and m < kops.DEQUANT_GEMM_MIN_M:
-                ab_time(base | {"group": group}, kops.dense_config(m, n, k, sms, swap=kops.swap_serves(a.device), lane=ws[0].lane),
+                ab_time(base | {"group": group}, kops.dense_config(m, n, k, sms, swap=kops.swap_serves(a.device, ws[0])),
                         f"kq_ab_dense_g{group}",
                         lambda c: [lambda w=w: kops.w4a16_linear(a, w, config=c) for w in ws], n * k * bpw)
             us = graph_us([lambda w=w: kops.w4a16_linear(a, w) for w in ws])
             cfg = ("dequant+cublas" if m >= kops.DEQUANT_GEMM_MIN_M
-                   else kops.dense_config(m, n, k, sms, swap=kops.swap_serves(a.device), lane=ws[0].lane).__dict__)
+                   else kops.dense_config(m, n, k, sms, swap=kops.swap_serves(a.device, ws[0])).__dict__)
             log({**base, "kind": f"kq_g{group}", "us": round(us, 2), "GBps": round(n * k * bpw / us / 1e3, 1),
                  "TFLOPs": round(2 * m * n * k / us / 1e6, 1), "cfg": cfg})
             if sweep:
@@ -542,12 +542,11 @@ def dense_lanes(base, a, n, k, m, group, copies):
         us = graph_us([lambda w=w: w4a16_linear(a, w) for w in ws])
         log({**base, "kind": f"kq_lane_g{group}", "us": round(us, 2), "GBps": round(n * k * bpw / us / 1e3, 1),
              "TFLOPs": round(2 * m * n * k / us / 1e6, 1)})
-        if m < kops.DEQUANT_GEMM_MIN_M:     # Triton on the lane layout: swap_kernel on Hopper, else LANE mode
+        if m < kops.DEQUANT_GEMM_MIN_M:     # Triton's LANE mode (forced: a lane linear dequantises from 32 rows)
             us = graph_us([lambda w=w: kops.w4a16_linear(a, w, dequant_min_m=kops.DEQUANT_GEMM_MIN_M) for w in ws])
             log({**base, "kind": f"kq_lane_triton_g{group}", "us": round(us, 2),
                  "GBps": round(n * k * bpw / us / 1e3, 1),
-                 "cfg": kops.dense_config(m, n, k, kops._num_sms(a.device), swap=kops.swap_serves(a.device),
-                                          lane=True).__dict__})
+                 "cfg": kops.dense_config(m, n, k, kops._num_sms(a.device)).__dict__})
             us = graph_us([lambda w=w: kops.w4a16_linear(a, w, dequant_min_m=1) for w in ws])
             log({**base, "kind": f"kq_lane_dequant_g{group}", "us": round(us, 2),
                  "GBps": round(n * k * bpw / us / 1e3, 1)})

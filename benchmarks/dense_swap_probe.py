@@ -4,7 +4,7 @@ BF16 and FP8, kq's default config, the mma.sync tile config the default replaced
 swap_kernel), then every swap candidate, each timed like bench_kernels (CUDA graph over copies of
 the weights, median of 15). Every kq row carries its error against the float32 reference.
 
-    python3 benchmarks/dense_swap_probe.py [--nk '12288x6144:16,32,64,128;4096x7168:32,64'] [--lane] [--group 128]
+    python3 benchmarks/dense_swap_probe.py [--nk '12288x6144:16,32,64,128;4096x7168:32,64'] [--group 128]
 
 One JSON row per (shape, M, kernel); a summary table at the end (best swap candidate per M).
 """
@@ -20,9 +20,9 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
-from bench_kernels import DEV, graph_us, hbm_copies, random_lane_linear, random_linears  # noqa: E402
+from bench_kernels import DEV, graph_us, hbm_copies, random_linears  # noqa: E402
 
-from kq.kernels import reference, w4a16_linear  # noqa: E402
+from kq.kernels import reference  # noqa: E402
 from kq.kernels import triton_ops as kops  # noqa: E402
 
 T = kops.TileConfig
@@ -30,12 +30,10 @@ T = kops.TileConfig
 
 def candidates(m: int) -> list:
     """(block_m = activation rows, block_n = weight rows, split, warps, stages), swap=True."""
-    fit = max(16, 1 << max(m - 1, 0).bit_length())
+    fit = max(16, 1 << (m - 1).bit_length())
     bms = [fit] if m <= 64 else [64, min(fit, 128)]
     shapes = [(64, 1, 4, 3), (64, 2, 4, 3), (64, 4, 4, 3), (128, 1, 4, 3), (128, 2, 4, 3), (128, 4, 4, 3),
               (128, 2, 4, 4), (128, 1, 8, 3), (128, 2, 8, 3), (128, 4, 8, 3), (256, 1, 8, 3), (256, 2, 8, 3)]
-    if os.environ.get("SWAP_SET") == "lane":   # the third probe (lane layout): the picks' neighbourhood
-        shapes = [(128, 1, 8, 3), (128, 2, 8, 3), (128, 4, 8, 3), (128, 8, 8, 3), (64, 4, 4, 3)]
     if os.environ.get("SWAP_MORE") == "1":     # the second probe: around the first one's best (128, 4, 8, 3)
         shapes = [(128, 4, 8, 3), (128, 8, 8, 3), (128, 4, 8, 2), (128, 8, 8, 2), (128, 4, 8, 4), (128, 3, 8, 3),
                   (256, 2, 16, 3), (256, 4, 16, 3), (256, 8, 16, 3), (64, 8, 4, 3), (64, 4, 4, 2)]
@@ -46,7 +44,6 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nk", default="12288x6144:16,32,64,128;4096x7168:32,64")
     ap.add_argument("--group", type=int, default=128)
-    ap.add_argument("--lane", action="store_true", help="weights in the lane layout (else the tiles layout)")
     args = ap.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     summary = []
@@ -57,13 +54,10 @@ def main() -> None:
         wb = [torch.randn(n, k, device=DEV, dtype=torch.bfloat16) for _ in range(hbm_copies(n * k * 2))]
         w8 = [w.to(torch.float8_e4m3fn) for w in wb]
         one = torch.tensor(1.0, device=DEV)
-        if args.lane:
-            ws = [random_lane_linear(n, k, args.group) for _ in range(hbm_copies(n * k * (0.5 + 2 / args.group)))]
-        else:
-            ws, _ = random_linears(n, k, args.group)
+        ws, _ = random_linears(n, k, args.group)
         for m in (int(v) for v in ms.split(",")):
             a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
-            base = {"case": f"dense_{n}x{k}", "M": m, "group": args.group, "lane": args.lane}
+            base = {"case": f"dense_{n}x{k}", "M": m, "group": args.group}
             row = {"shape": f"{n}x{k}", "M": m}
             row["bf16"] = graph_us([lambda w=w: a @ w.t() for w in wb])
             a8 = a.to(torch.float8_e4m3fn)
@@ -72,14 +66,10 @@ def main() -> None:
             for kind in ("bf16", "fp8"):
                 print(json.dumps({**base, "kind": f"cublas_{kind}", "us": round(row[kind], 2)}), flush=True)
             want = reference.w4a16_linear(a, ws[0]).float()
-            default = (kops.dense_config(m, n, k, sms, swap=kops.swap_serves(a.device), lane=ws[0].lane)
+            default = (kops.dense_config(m, n, k, sms, swap=kops.swap_serves(a.device, ws[0]))
                        if m < kops.DEQUANT_GEMM_MIN_M else None)
-            mma_sync = kops.dense_config(m, n, k, sms, swap=False, lane=args.lane)
+            mma_sync = kops.dense_config(m, n, k, sms, swap=False)
             runs = [("kq_default", default), ("kq_mma_sync", mma_sync)]
-            if args.lane:       # the public op: the CUDA lane kernel up to LANE_LINEAR_MAX_ROWS rows
-                us = graph_us([lambda w=w: w4a16_linear(a, w) for w in ws])
-                row["kq_public"] = us
-                print(json.dumps({**base, "kind": "kq_public", "us": round(us, 2)}), flush=True)
             runs += [("kq_swap", c) for c in candidates(m) if c != default and kb % c.split_k == 0]
             best = None
             for kind, cfg in runs:
@@ -102,15 +92,14 @@ def main() -> None:
             summary.append(row)
         del wb, w8, ws
         torch.cuda.empty_cache()
-    print("\n| shape | M | BF16 us | FP8 us | kq public op us (x BF16) | Triton default us (x BF16) | mma.sync us (x BF16) "
-          "| best swap us (x BF16) | best swap (bm, bn, split, warps, stages) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| shape | M | BF16 us | FP8 us | kq default us (x BF16) | mma.sync tiles us (x BF16) | best swap us (x BF16) | best swap (bm, bn, split, warps, stages) |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in summary:
         def cell(key):
             return f"{r[key]:.1f} ({r['bf16'] / r[key]:.2f}x)" if key in r else "-"
         c = r.get("swap_cfg")
         cfg = f"{c.block_m}, {c.block_n}, {c.split_k}, {c.num_warps}, {c.num_stages}" if c else "-"
-        print(f"| {r['shape']} | {r['M']} | {r['bf16']:.1f} | {r['fp8']:.1f} | {cell('kq_public')} | {cell('kq_default')} | "
+        print(f"| {r['shape']} | {r['M']} | {r['bf16']:.1f} | {r['fp8']:.1f} | {cell('kq_default')} | "
               f"{cell('kq_mma_sync')} | {cell('swap')} | {cfg} |")
 
 

@@ -77,21 +77,18 @@ SWAP_CONFIGS = [ops.TileConfig(bm, bn, split, warps, stages, swap=True, masks=ma
 
 
 @pytest.mark.skipif(torch.cuda.get_device_capability()[0] != 9, reason="swap_kernel is wgmma: Hopper only")
-@pytest.mark.parametrize("lane", [False, True])
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("m,n", [(17, 1000), (64, 7168), (33, 520), (200, 768), (1, 256)])
-def test_swap_kernel_matches_reference(m, n, group, lane, monkeypatch):
+def test_swap_kernel_matches_reference(m, n, group, monkeypatch):
     # every tile shape, split and mask variant of swap_kernel; K padded (not a multiple of 128) at
     # groups 32 and 64; then its fp32 partial sums against a float64 product with the weights rounded
-    # to bf16 as the kernel rounds q * s (an indexing slip would be off by O(1), not 1e-5). The lane
-    # layout (N a multiple of 16: 1008 and 528 for 1000 and 520) against the same reference
+    # to bf16 as the kernel rounds q * s (an indexing slip would be off by O(1), not 1e-5)
     k = 2048 if group == 128 else 960
-    n = -(-n // 16) * 16 if lane else n
     gen = torch.Generator(device=DEV).manual_seed(m * 3 + n + group)
     p, s = _weights(1, n, k, group, gen)
-    w = prepack_linear(p[0], s[0], group, lane=lane)
+    w = prepack_linear(p[0], s[0], group)
     x = torch.randn(m, k, generator=gen, device=DEV).to(torch.bfloat16)
-    want = reference.w4a16_linear(x, prepack_linear(p[0], s[0], group))
+    want = reference.w4a16_linear(x, w)
     _poisoned_out(monkeypatch)
     kb = -(-k // 128)
     for cfg in SWAP_CONFIGS:
@@ -102,8 +99,7 @@ def test_swap_kernel_matches_reference(m, n, group, lane, monkeypatch):
     exact = x.double() @ wq.t()
     for split in (1, 3 if kb % 3 == 0 else 2):
         part = torch.full((split, m, n), float("nan"), device=DEV)
-        ops._launch_swap(x, w.q, w.s, part, k, n, group, ops.TileConfig(64, 128, split, swap=True), rows=m,
-                         lane=lane)
+        ops._launch_swap(x, w.q, w.s, part, k, n, group, ops.TileConfig(64, 128, split, swap=True), rows=m)
         assert _rel(part.sum(0), exact) < 1e-5       # fp32 sums over K = 2048: ~2e-6
 
 

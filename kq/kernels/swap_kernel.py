@@ -1,4 +1,4 @@
-"""The dense W4A16 GEMM for 33-255 rows on Hopper: the weights are the wgmma's A operand.
+"""The dense W4A16 GEMM for 17-255 rows on Hopper: the weights are the wgmma's A operand.
 
 out[m, n] = sum_k x[m, k] * (nibble[k, n] - 8) * scale[k // G, n]   (the tiles layout of layout.py)
 
@@ -19,12 +19,6 @@ rows are A's rows, and the sums of a group stay inside the wgmma accumulator).
 Words are loaded as [BLOCK_N, 32] with column c reading word c // 2, so the two elements of each
 register of wgmma's A fragment (kWidth 2: inputs k, k+1 of one row) are the same word and the
 inline asm (pack=2) makes the pair with one shift and one lop3.
-
-LANE reads the lane layout (lane_layout.py), so one prepacked linear serves the CUDA lane kernel at
-few rows and this kernel above. A dot's 32 columns are then nibbles j, j + 4 of all 16 words of a
-column's block (words 4 t + wd), which are not 32 consecutive inputs: the dot sums over its columns
-in any order, so the activations are gathered in the same order (pairs of consecutive inputs, from
-L2), and a column's scale follows its word column wd (one group per wd below group 128).
 """
 import triton
 import triton.language as tl
@@ -52,8 +46,8 @@ def _round_bf16(v):
 @triton.jit
 def w4a16_swap_kernel(
     a_ptr, stride_am,                   # x [M, K] bf16, K contiguous
-    q_ptr, stride_qk,                   # prepacked int32 [Kp/8, N], N contiguous (or LANE)
-    s_ptr, stride_sg,                   # scales bf16 [Kp/G, N] (or LANE)
+    q_ptr, stride_qk,                   # prepacked int32 [Kp/8, N], N contiguous
+    s_ptr, stride_sg,                   # scales bf16 [Kp/G, N]
     out_ptr, stride_os, stride_om,      # out [SPLIT, M, N] (fp32 partial sums when SPLIT_K > 1), N contiguous
     M, N, K, kblocks_per_split,
     GROUP: tl.constexpr, SPLIT_K: tl.constexpr,
@@ -62,8 +56,6 @@ def w4a16_swap_kernel(
     EVEN_K: tl.constexpr = False,       # K % 128 == 0: no K mask on the activations
     EVEN_N: tl.constexpr = False,       # N % BLOCK_N == 0: no N mask on the weights
     ASM: tl.constexpr = True,           # False: plain ops and fp32 dots, for Triton's CPU interpreter
-    LANE: tl.constexpr = False,         # the lane layout (lane_layout.py, one matrix): stride_qk is the words
-                                        # per n-tile, stride_sg the scales per column; see the module doc
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -75,44 +67,26 @@ def w4a16_swap_kernel(
     c = tl.arange(0, 32)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     kb_lo = pid_s * kblocks_per_split          # the host makes SPLIT_K divide the K blocks
-    if LANE:        # column n's 16 words of block kb: (n // 8) * stride_qk + kb * 128 + (n % 8) * 16 + (4 t + wd)
-        w_col = (offs_n // 8) * stride_qk + (offs_n % 8) * 16
-        wd = (c // 2) % 4
     for kb_i in range(0, kblocks_per_split):
         kb = kb_lo + kb_i
-        if LANE:
-            w_ptrs = q_ptr + w_col[:, None] + (kb * 128 + c // 2)[None, :]                 # [BN, 32]
-        else:
-            w_ptrs = q_ptr + (kb * 16 + c // 2)[None, :] * stride_qk + offs_n[:, None]    # [BN, 32]
+        w_ptrs = q_ptr + (kb * 16 + c // 2)[None, :] * stride_qk + offs_n[:, None]        # [BN, 32]
         if EVEN_N:
             w = tl.load(w_ptrs)
         else:
             w = tl.load(w_ptrs, mask=n_mask[:, None], other=0)
-        if LANE and GROUP < 128:    # word wd holds inputs 32 wd .. +31 of the block: its group's scale
-            s_lane = tl.load(s_ptr + offs_n[:, None] * stride_sg + ((kb * 128 + 32 * wd) // GROUP)[None, :],
-                             mask=n_mask[:, None], other=0.0)
-        for j in tl.static_range(4):            # nibbles j and j + 4 of every word
-            if LANE:
-                if GROUP < 128:
-                    s = s_lane
-                else:
-                    s = tl.broadcast_to(tl.load(s_ptr + offs_n * stride_sg + kb, mask=n_mask, other=0.0)[:, None],
-                                        (BLOCK_N, 32))
-                # word 4 t + wd, nibble j + 4 i: input 32 wd + 16 (j // 2) + 4 t + 2 (j % 2) + i (lane_layout.py)
-                kk = kb * 128 + 32 * wd + 16 * (j // 2) + 4 * (c // 8) + 2 * (j % 2) + c % 2
-            else:           # inputs 128 kb + 32 j .. +31: one group's
-                g = (kb * 128) // GROUP + (32 * j) // GROUP     # written so the group-128 scale is loaded once
-                if EVEN_N:
-                    s = tl.load(s_ptr + g * stride_sg + offs_n)
-                else:
-                    s = tl.load(s_ptr + g * stride_sg + offs_n, mask=n_mask, other=0.0)
-                s = tl.broadcast_to(s[:, None], (BLOCK_N, 32))
-                kk = kb * 128 + 32 * j + c
+        for j in tl.static_range(4):            # inputs 128 kb + 32 j .. +31: one group's
+            g = (kb * 128) // GROUP + (32 * j) // GROUP     # written so the group-128 scale is loaded once
+            if EVEN_N:
+                s = tl.load(s_ptr + g * stride_sg + offs_n)
+            else:
+                s = tl.load(s_ptr + g * stride_sg + offs_n, mask=n_mask, other=0.0)
             if ASM:
-                wq = _scaled_pairs(w, tl.full((BLOCK_N, 32), 4 * j, tl.int32), s)
+                wq = _scaled_pairs(w, tl.full((BLOCK_N, 32), 4 * j, tl.int32),
+                                   tl.broadcast_to(s[:, None], (BLOCK_N, 32)))
             else:               # column c: nibble j + 4 (c % 2) of its word; q * s rounded to bf16 as above
                 q = ((w >> (4 * j + 16 * (c % 2))[None, :]) & 0xF) - 8
-                wq = _round_bf16(q.to(tl.float32) * s.to(tl.float32))
+                wq = _round_bf16(q.to(tl.float32) * s.to(tl.float32)[:, None])
+            kk = kb * 128 + 32 * j + c
             x_ptrs = a_ptr + offs_m[None, :].to(tl.int64) * stride_am + kk[:, None]     # x^T [32, BM]
             if EVEN_K:
                 x = tl.load(x_ptrs, mask=m_mask[None, :], other=0.0)

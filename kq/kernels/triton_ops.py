@@ -62,28 +62,28 @@ def _split_for(programs: int, kblocks: int, sms: int, waves: int = 2) -> int:
 DEQUANT_GEMM_MIN_M = 256
 
 
-def dense_config(m: int, n: int, k: int, sms: int, swap: bool = False, lane: bool = False) -> TileConfig:
-    """Tiles picked from the H200 sweeps (benchmarks/results/kernels.md). With `swap` (Hopper:
-    swap_serves), swap_kernel from 33 rows, and at every row count on the lane layout (whose Triton
-    alternative, gemm_kernel's LANE mode, is the slow path on a dense matrix): the weights as wgmma's A
-    operand, 16-64 (up to 64 rows) or 128 activation rows by 128 weight rows on two warpgroups of 64,
-    split over K until the grid covers the SMs twice up to 64 rows (12288x6144 at M = 64: 33.1 against
-    44.1 us on mma.sync, cuBLAS BF16 40.6; benchmarks/dense_swap_probe.py). Else mma.sync: BLOCK_M 16 up
-    to 16 rows, 32 above (BLOCK_M 64 in gemm_kernel takes Triton's wgmma path with the weights through
-    shared memory, 5-10x slower)."""
+def dense_config(m: int, n: int, k: int, sms: int, swap: bool = False) -> TileConfig:
+    """Tiles picked from the H200 sweeps (benchmarks/results/kernels.md). Up to 16 rows BLOCK_M 16 and
+    up to 32 rows BLOCK_M 32 on mma.sync; above, with `swap` (Hopper, tiles layout), swap_kernel, the
+    weights as wgmma's A operand: 64 or 128 activation rows by 128 weight rows (two warpgroups of
+    64), split over K until the grid covers the SMs twice up to 64 rows (12288x6144 at M = 64: 33.4
+    against 44.5 us on mma.sync, cuBLAS BF16 40.4; benchmarks/dense_swap_probe.py); else BLOCK_M 32
+    on mma.sync (BLOCK_M 64 in gemm_kernel takes Triton's wgmma path with the weights through shared
+    memory, 5-10x slower)."""
     kblocks = -(-k // PACK_K)
-    if swap and (m > 32 or lane):
-        bm = min(64, max(16, triton.next_power_of_2(m))) if m <= 64 else 128
-        split = _split_for(triton.cdiv(m, bm) * triton.cdiv(n, 128), kblocks, sms) if m <= 64 else 1
-        return TileConfig(bm, 128, split, num_warps=8, swap=True)
     if m <= 16:     # BLOCK_N 128 with the split sized for 64-wide tiles: 12288x6144 M=1 18.2 vs 22.1 us
         return TileConfig(16, 128, _split_for(triton.cdiv(n, 64), kblocks, sms, waves=4))
+    if swap and m > 32:
+        bm = 64 if m <= 64 else 128
+        split = _split_for(triton.cdiv(n, 128), kblocks, sms) if m <= 64 else 1
+        return TileConfig(bm, 128, split, num_warps=8, swap=True)
     return TileConfig(32, 128, _split_for(triton.cdiv(m, 32) * triton.cdiv(n, 128), kblocks, sms))
 
 
-def swap_serves(device: torch.device) -> bool:
-    """swap_kernel needs wgmma: Hopper (sm_90)."""
-    return device.type == "cuda" and not _INTERPRETED and torch.cuda.get_device_capability(device)[0] == 9
+def swap_serves(device: torch.device, w: PrepackedLinear) -> bool:
+    """swap_kernel needs wgmma (Hopper: sm_90) and the tiles layout."""
+    return (device.type == "cuda" and not _INTERPRETED and not w.lane
+            and torch.cuda.get_device_capability(device)[0] == 9)
 
 
 def moe_configs(pairs: int, e: int, h: int, i: int, sms: int, group: int = 128) -> tuple[TileConfig, TileConfig]:
@@ -154,24 +154,19 @@ def _launch_gemm(a, q, s, out, k, n, group, cfg: TileConfig, *, rows=0, routing=
         DEQ=deq, LANE=lane, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
-def _launch_swap(a, q, s, out, k, n, group, cfg: TileConfig, rows: int, lane: bool = False):
-    """swap_kernel on one matrix, tiles layout (q [Kp/8, N], s [Kp/g, N]) or lane layout (q [N/8, KB, 8, 4, 4],
-    s [N/8, 8, Gp]): out [rows, n], or [split, rows, n] fp32 partial sums."""
+def _launch_swap(a, q, s, out, k, n, group, cfg: TileConfig, rows: int):
+    """swap_kernel on a tiles-layout matrix: out [rows, n], or [split, rows, n] fp32 partial sums."""
     kblocks = -(-k // PACK_K)
     if kblocks % cfg.split_k:
         raise ValueError(f"split_k {cfg.split_k} does not divide the {kblocks} K blocks of {PACK_K}")
-    if lane:
-        qs, ss = _lane_strides(q.unsqueeze(0), s.unsqueeze(0), kblocks)[1::2]
-    else:
-        qs, ss = q.stride(0), s.stride(0)
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(rows, cfg.block_m), cfg.split_k)
     w4a16_swap_kernel[grid](
-        a, a.stride(0), q, qs, s, ss,
+        a, a.stride(0), q, q.stride(0), s, s.stride(0),
         out, out.stride(0) if out.dim() == 3 else 0, out.stride(-2),
         rows, n, k, kblocks // cfg.split_k,
         GROUP=group, SPLIT_K=cfg.split_k, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
         EVEN_K=not cfg.masks and k % PACK_K == 0, EVEN_N=not cfg.masks and n % cfg.block_n == 0,
-        ASM=not _INTERPRETED, LANE=lane, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        ASM=not _INTERPRETED, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _reduce(part, out, rows, n, gated):
@@ -196,8 +191,8 @@ def dequantize(w: PrepackedLinear) -> torch.Tensor:
     return wt
 
 
-# Where swap_kernel does not serve (not Hopper), a lane-layout linear goes to dequantise + cuBLAS from
-# this many rows: Triton's LANE mode is the slower path on a dense matrix (H200, 12288x6144: 58 / 139 / 533 us at M = 8 / 32 / 128 against
+# A lane-layout linear goes to dequantise + cuBLAS from this many rows: Triton's LANE mode is the
+# slower path on a dense matrix (H200, 12288x6144: 58 / 139 / 533 us at M = 8 / 32 / 128 against
 # 98 / 99 / 97 us dequantised; benchmarks/results/kernels.md, sixth session)
 LANE_DEQUANT_MIN_M = 32
 
@@ -208,18 +203,19 @@ def w4a16_linear(x: torch.Tensor, w: PrepackedLinear, *, config: TileConfig | No
     k, n = w.in_features, w.out_features
     x2 = x.reshape(-1, k).contiguous()
     m = x2.shape[0]
-    swap = swap_serves(x.device)
     if dequant_min_m is None:
-        dequant_min_m = LANE_DEQUANT_MIN_M if w.lane and not swap else DEQUANT_GEMM_MIN_M
+        dequant_min_m = LANE_DEQUANT_MIN_M if w.lane else DEQUANT_GEMM_MIN_M
     if config is None and m >= dequant_min_m:
         return (x2 @ dequantize(w)).reshape(*x.shape[:-1], n)
-    cfg = config or dense_config(m, n, k, _num_sms(x.device), swap=swap, lane=w.lane)
+    cfg = config or dense_config(m, n, k, _num_sms(x.device), swap=swap_serves(x.device, w))
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if cfg.swap and w.lane:
+        raise ValueError("swap configs read the tiles layout; this weight is in the lane layout")
     # the lane layout is the MoE's [E, ...] with one expert
     q, s = (w.q.unsqueeze(0), w.s.unsqueeze(0)) if w.lane else (w.q, w.s)
     target = out if cfg.split_k == 1 else torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device)
     if cfg.swap:
-        _launch_swap(x2, w.q, w.s, target, k, n, w.group, cfg, rows=m, lane=w.lane)
+        _launch_swap(x2, q, s, target, k, n, w.group, cfg, rows=m)
     else:
         _launch_gemm(x2, q, s, target, k, n, w.group, cfg, rows=m, lane=w.lane)
     if cfg.split_k > 1:
