@@ -11,7 +11,6 @@ One JSON row per (shape, M, kernel); a summary table at the end (best swap candi
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -35,9 +34,6 @@ def candidates(m: int) -> list:
     bms = [fit] if m <= 64 else [64, min(fit, 128)]
     shapes = [(64, 1, 4, 3), (64, 2, 4, 3), (64, 4, 4, 3), (128, 1, 4, 3), (128, 2, 4, 3), (128, 4, 4, 3),
               (128, 2, 4, 4), (128, 1, 8, 3), (128, 2, 8, 3), (128, 4, 8, 3), (256, 1, 8, 3), (256, 2, 8, 3)]
-    if os.environ.get("SWAP_SET") == "one_dot":    # the third probe: one dot per block (swap_kernel ONE_DOT)
-        shapes = [(128, 1, 8, 3), (128, 2, 8, 3), (128, 4, 8, 3), (128, 8, 8, 3), (128, 4, 8, 4), (128, 4, 8, 2),
-                  (64, 4, 4, 3), (128, 4, 4, 3), (256, 2, 16, 3)]
     if os.environ.get("SWAP_MORE") == "1":     # the second probe: around the first one's best (128, 4, 8, 3)
         shapes = [(128, 4, 8, 3), (128, 8, 8, 3), (128, 4, 8, 2), (128, 8, 8, 2), (128, 4, 8, 4), (128, 3, 8, 3),
                   (256, 2, 16, 3), (256, 4, 16, 3), (256, 8, 16, 3), (64, 8, 4, 3), (64, 4, 4, 2)]
@@ -74,8 +70,6 @@ def main() -> None:
                        if m < kops.DEQUANT_GEMM_MIN_M else None)
             mma_sync = kops.dense_config(m, n, k, sms, swap=False)
             runs = [("kq_default", default), ("kq_mma_sync", mma_sync)]
-            if default is not None and default.swap:    # A/B: the default with four 32-input dots per block
-                runs.append(("kq_4dots", dataclasses.replace(default, one_dot=False)))
             runs += [("kq_swap", c) for c in candidates(m) if c != default and kb % c.split_k == 0]
             best = None
             for kind, cfg in runs:
@@ -98,15 +92,14 @@ def main() -> None:
             summary.append(row)
         del wb, w8, ws
         torch.cuda.empty_cache()
-    print("\n| shape | M | BF16 us | FP8 us | kq default us (x BF16) | default, 4 dots us (x BF16) | mma.sync tiles us "
-          "(x BF16) | best swap us (x BF16) | best swap (bm, bn, split, warps, stages) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| shape | M | BF16 us | FP8 us | kq default us (x BF16) | mma.sync tiles us (x BF16) | best swap us (x BF16) | best swap (bm, bn, split, warps, stages) |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in summary:
         def cell(key):
             return f"{r[key]:.1f} ({r['bf16'] / r[key]:.2f}x)" if key in r else "-"
         c = r.get("swap_cfg")
         cfg = f"{c.block_m}, {c.block_n}, {c.split_k}, {c.num_warps}, {c.num_stages}" if c else "-"
-        print(f"| {r['shape']} | {r['M']} | {r['bf16']:.1f} | {r['fp8']:.1f} | {cell('kq_default')} | {cell('kq_4dots')} | "
+        print(f"| {r['shape']} | {r['M']} | {r['bf16']:.1f} | {r['fp8']:.1f} | {cell('kq_default')} | "
               f"{cell('kq_mma_sync')} | {cell('swap')} | {cfg} |")
 
 

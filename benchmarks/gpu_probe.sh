@@ -6,8 +6,7 @@
 #  tiles   benchmarks/dense_tiles_probe.py at M = 64 (Triton tile configs, tiles layout);
 #  nov3    the same with DISABLE_MMA_V3=1 (Triton's mma.sync at 64-row tiles; a probe, not a setting);
 #  floor   benchmarks/read_floor.py (one kernel reading the dense rows' bytes);
-#  swaptests  tests/test_kernels_gpu.py (swap_kernel's tests and the dense defaults that now take it;
-#          SWAP_TESTS_K: a pytest -k selection);
+#  swaptests  tests/test_kernels_gpu.py (swap_kernel's tests and the dense defaults that now take it);
 #  swap    benchmarks/dense_swap_probe.py (swap_kernel's tile configs against cuBLAS, SWAP_NK its cases).
 # carry: .whl-slim .gpu        results: $OUT/probe.tgz
 source benchmarks/gpu_common.sh probe
@@ -19,8 +18,7 @@ if has tests || has ab || has dense; then
   python3 -c "from kq.kernels import cuda_lanes; cuda_lanes._ext()" && echo "ext built after $(( $(date +%s) - T0 )) s"
 fi
 if has swaptests; then
-  timeout "${SWAP_TESTS_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py \
-    ${SWAP_TESTS_K:+-k "$SWAP_TESTS_K"} > "$R/pytest_swap.log" 2>&1
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py > "$R/pytest_swap.log" 2>&1
   tail -1 "$R/pytest_swap.log"; grep FAILED "$R/pytest_swap.log" | head
   echo "swap tests done after $(( $(date +%s) - T0 )) s"
 fi

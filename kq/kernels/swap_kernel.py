@@ -19,12 +19,6 @@ rows are A's rows, and the sums of a group stay inside the wgmma accumulator).
 Words are loaded as [BLOCK_N, 32] with column c reading word c // 2, so the two elements of each
 register of wgmma's A fragment (kWidth 2: inputs k, k+1 of one row) are the same word and the
 inline asm (pack=2) makes the pair with one shift and one lop3.
-
-ONE_DOT: the four 32-input operands of a 128-input block are put side by side (_cat) and multiplied in
-one dot. Triton waits for a dot whose A operand is in registers before the next dot of the same
-iteration (TTGIR `warp_group_dot_wait {pendings = 0}` after three of four dots), while it splits one
-128-input dot into 8 wgmmas that stay in flight together (`pendings = 7`); the join/permute/reshape of
-_cat compiles to no data movement (sm_90 SASS: no shared-memory stores or shuffles in the loop).
 """
 import triton
 import triton.language as tl
@@ -50,48 +44,6 @@ def _round_bf16(v):
 
 
 @triton.jit
-def _scale(s_ptr, stride_sg, offs_n, n_mask, kb, j: tl.constexpr, GROUP: tl.constexpr, EVEN_N: tl.constexpr):
-    """[BN] scales of inputs 128 kb + 32 j .. +31 (one group), written so group 128 loads once per block."""
-    g = (kb * 128) // GROUP + (32 * j) // GROUP
-    if EVEN_N:
-        s = tl.load(s_ptr + g * stride_sg + offs_n)
-    else:
-        s = tl.load(s_ptr + g * stride_sg + offs_n, mask=n_mask, other=0.0)
-    return s
-
-
-@triton.jit
-def _operand(w, j: tl.constexpr, s, c, ASM: tl.constexpr):
-    """[BN, 32] A operand of inputs 32 j .. +31 of the block from its words w ([BN, 32], column c = word c // 2)."""
-    if ASM:
-        a = _scaled_pairs(w, tl.full(w.shape, 4 * j, tl.int32), tl.broadcast_to(s[:, None], w.shape))
-    else:
-        q = ((w >> (4 * j + 16 * (c % 2))[None, :]) & 0xF) - 8    # column c: nibble j + 4 (c % 2)
-        a = _round_bf16(q.to(tl.float32) * s.to(tl.float32)[:, None])
-    return a
-
-
-@triton.jit
-def _cat(a, b, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """[ROWS, COLS] a and b side by side: [ROWS, 2 COLS]. join + permute + reshape, which Triton turns
-    into a register renaming (no shared memory) when a and b come from the A operand's register layout."""
-    return tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), (ROWS, 2 * COLS))
-
-
-@triton.jit
-def _x_t(a_ptr, stride_am, offs_m, m_mask, kk, K, EVEN_K: tl.constexpr, ASM: tl.constexpr):
-    """x^T [len(kk), BM]: the activations of inputs kk."""
-    ptrs = a_ptr + offs_m[None, :].to(tl.int64) * stride_am + kk[:, None]
-    if EVEN_K:
-        x = tl.load(ptrs, mask=m_mask[None, :], other=0.0)
-    else:
-        x = tl.load(ptrs, mask=m_mask[None, :] & (kk < K)[:, None], other=0.0)
-    if not ASM:
-        x = x.to(tl.float32)
-    return x
-
-
-@triton.jit
 def w4a16_swap_kernel(
     a_ptr, stride_am,                   # x [M, K] bf16, K contiguous
     q_ptr, stride_qk,                   # prepacked int32 [Kp/8, N], N contiguous
@@ -104,7 +56,6 @@ def w4a16_swap_kernel(
     EVEN_K: tl.constexpr = False,       # K % 128 == 0: no K mask on the activations
     EVEN_N: tl.constexpr = False,       # N % BLOCK_N == 0: no N mask on the weights
     ASM: tl.constexpr = True,           # False: plain ops and fp32 dots, for Triton's CPU interpreter
-    ONE_DOT: tl.constexpr = True,       # one dot per 128-input block (False: four of 32 inputs; see the doc)
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -114,7 +65,6 @@ def w4a16_swap_kernel(
     n_mask = offs_n < N
     m_mask = offs_m < M
     c = tl.arange(0, 32)
-    c128 = tl.arange(0, 128)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     kb_lo = pid_s * kblocks_per_split          # the host makes SPLIT_K divide the K blocks
     for kb_i in range(0, kblocks_per_split):
@@ -124,19 +74,27 @@ def w4a16_swap_kernel(
             w = tl.load(w_ptrs)
         else:
             w = tl.load(w_ptrs, mask=n_mask[:, None], other=0)
-        if ONE_DOT:     # the block's four 32-input operands side by side: one dot of 128 inputs
-            a = _cat(_cat(_operand(w, 0, _scale(s_ptr, stride_sg, offs_n, n_mask, kb, 0, GROUP, EVEN_N), c, ASM),
-                          _operand(w, 1, _scale(s_ptr, stride_sg, offs_n, n_mask, kb, 1, GROUP, EVEN_N), c, ASM),
-                          BLOCK_N, 32),
-                     _cat(_operand(w, 2, _scale(s_ptr, stride_sg, offs_n, n_mask, kb, 2, GROUP, EVEN_N), c, ASM),
-                          _operand(w, 3, _scale(s_ptr, stride_sg, offs_n, n_mask, kb, 3, GROUP, EVEN_N), c, ASM),
-                          BLOCK_N, 32),
-                     BLOCK_N, 64)
-            acc = tl.dot(a, _x_t(a_ptr, stride_am, offs_m, m_mask, kb * 128 + c128, K, EVEN_K, ASM), acc)
-        else:
-            for j in tl.static_range(4):        # inputs 128 kb + 32 j .. +31: one group's
-                a = _operand(w, j, _scale(s_ptr, stride_sg, offs_n, n_mask, kb, j, GROUP, EVEN_N), c, ASM)
-                acc = tl.dot(a, _x_t(a_ptr, stride_am, offs_m, m_mask, kb * 128 + 32 * j + c, K, EVEN_K, ASM), acc)
+        for j in tl.static_range(4):            # inputs 128 kb + 32 j .. +31: one group's
+            g = (kb * 128) // GROUP + (32 * j) // GROUP     # written so the group-128 scale is loaded once
+            if EVEN_N:
+                s = tl.load(s_ptr + g * stride_sg + offs_n)
+            else:
+                s = tl.load(s_ptr + g * stride_sg + offs_n, mask=n_mask, other=0.0)
+            if ASM:
+                wq = _scaled_pairs(w, tl.full((BLOCK_N, 32), 4 * j, tl.int32),
+                                   tl.broadcast_to(s[:, None], (BLOCK_N, 32)))
+            else:               # column c: nibble j + 4 (c % 2) of its word; q * s rounded to bf16 as above
+                q = ((w >> (4 * j + 16 * (c % 2))[None, :]) & 0xF) - 8
+                wq = _round_bf16(q.to(tl.float32) * s.to(tl.float32)[:, None])
+            kk = kb * 128 + 32 * j + c
+            x_ptrs = a_ptr + offs_m[None, :].to(tl.int64) * stride_am + kk[:, None]     # x^T [32, BM]
+            if EVEN_K:
+                x = tl.load(x_ptrs, mask=m_mask[None, :], other=0.0)
+            else:
+                x = tl.load(x_ptrs, mask=m_mask[None, :] & (kk < K)[:, None], other=0.0)
+            if not ASM:
+                x = x.to(tl.float32)
+            acc = tl.dot(wq, x, acc)
     o_ptrs = out_ptr + pid_s.to(tl.int64) * stride_os + offs_m[None, :].to(tl.int64) * stride_om + offs_n[:, None]
     o_mask = n_mask[:, None] & m_mask[None, :]
     if SPLIT_K > 1:

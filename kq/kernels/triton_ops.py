@@ -34,7 +34,6 @@ class TileConfig:
     masks: bool = False         # keep the K/N load masks even where they are idle (A/B runs; see _launch_gemm)
     swap: bool = False          # dense only: swap_kernel (weights as wgmma's A operand, Hopper); then block_n
                                 # is the weight rows and block_m the activation rows of a program
-    one_dot: bool = True        # swap_kernel: one dot per 128-input block (False: four; A/B runs)
 
 
 def _fold(cfg: TileConfig, group: int, deq: int) -> bool:
@@ -167,7 +166,7 @@ def _launch_swap(a, q, s, out, k, n, group, cfg: TileConfig, rows: int):
         rows, n, k, kblocks // cfg.split_k,
         GROUP=group, SPLIT_K=cfg.split_k, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
         EVEN_K=not cfg.masks and k % PACK_K == 0, EVEN_N=not cfg.masks and n % cfg.block_n == 0,
-        ASM=not _INTERPRETED, ONE_DOT=cfg.one_dot, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        ASM=not _INTERPRETED, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _reduce(part, out, rows, n, gated):
