@@ -285,6 +285,15 @@ def test_tile_heuristics_split_k_divides_k_blocks_and_stay_on_mma_sync_tiles():
         assert (-(-k // 128)) % cfg.split_k == 0 and (-(-k // 128)) // cfg.split_k >= 1
         assert cfg.block_m in (16, 32)          # BLOCK_M 64 would take the slow wgmma/plain path
     assert ops.dense_config(1, 12288, 6144, 132).split_k == 4
+    # on Hopper (swap=True) swap_kernel takes 33-255 rows: 64 activation rows split to two waves up to 64
+    # rows (the probe's pick: 12288x6144 at 48-64 rows split 4, 4096x7168 split 8), 128 unsplit above
+    for m, n, k, want in [(48, 12288, 6144, (64, 4)), (64, 12288, 6144, (64, 4)), (64, 4096, 7168, (64, 8)),
+                          (65, 12288, 6144, (128, 1)), (255, 7168, 2048, (128, 1))]:
+        cfg = ops.dense_config(m, n, k, 132, swap=True)
+        assert cfg.swap and (cfg.block_m, cfg.split_k) == want and (cfg.block_n, cfg.num_warps) == (128, 8)
+        assert (-(-k // 128)) % cfg.split_k == 0
+    for m in (1, 16, 32):                       # mma.sync up to 32 rows, with or without wgmma
+        assert ops.dense_config(m, 12288, 6144, 132, swap=True) == ops.dense_config(m, 12288, 6144, 132)
     c1, c2 = ops.moe_configs(1 * 8, 384, 7168, 256, 132, 128)       # one token: 8 blocks x 4 column tiles
     assert (c1.block_m, c1.split_k, c2.block_m, c2.block_n) == (16, 8, 16, 128)
     assert ops.moe_configs(16 * 8, 384, 7168, 256, 132, 32)[1].block_n == 64

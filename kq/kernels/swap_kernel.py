@@ -1,4 +1,4 @@
-"""The dense W4A16 GEMM for 17-255 rows on Hopper: the weights are the wgmma's A operand.
+"""The dense W4A16 GEMM for 33-255 rows on Hopper: the weights are the wgmma's A operand.
 
 out[m, n] = sum_k x[m, k] * (nibble[k, n] - 8) * scale[k // G, n]   (the tiles layout of layout.py)
 
