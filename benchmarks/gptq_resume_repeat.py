@@ -18,6 +18,8 @@ Never seen outside the killer script (the test's KILLER: the API called from `py
 uninterrupted `kq quantize` runs gave one output; layer 0's forward repeated 300 times in one process,
 in a new thread each time, beside a busy thread, or in 60 fresh processes, always the usual result.
 --kills-only repeats just the kill (4 s each on the CPU) and counts the distinct acts-0001 hashes.
+Ninth session (2-core machine, 2026-12-01): 0 of 150 kills differed, and 1 of 150 with MKL_CBWR=AUTO
+(MKL's reproducible mode: not the fix); at that rate a change cannot be judged in one session.
 """
 from __future__ import annotations
 
