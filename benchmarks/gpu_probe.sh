@@ -7,7 +7,8 @@
 #  nov3    the same with DISABLE_MMA_V3=1 (Triton's mma.sync at 64-row tiles; a probe, not a setting);
 #  floor   benchmarks/read_floor.py (one kernel reading the dense rows' bytes);
 #  swaptests  tests/test_kernels_gpu.py (swap_kernel's tests and the dense defaults that now take it);
-#  swap    benchmarks/dense_swap_probe.py (swap_kernel's tile configs against cuBLAS, SWAP_NK its cases).
+#  swap    benchmarks/dense_swap_probe.py (swap_kernel's tile configs against cuBLAS, SWAP_NK its cases);
+#  ncuswap Nsight Compute on swap_kernel's default config at 48 and 64 rows (benchmarks/ncu_swap.py).
 # carry: .whl-slim .gpu        results: $OUT/probe.tgz
 source benchmarks/gpu_common.sh probe
 export MAX_JOBS=16
@@ -26,6 +27,13 @@ if has swap; then
   timeout "${SWAP_TIMEOUT:-330}" python3 benchmarks/dense_swap_probe.py ${SWAP_NK:+--nk "$SWAP_NK"} \
     > "$R/swap.jsonl" 2> "$R/swap.err"
   echo "swap rc $? after $(( $(date +%s) - T0 )) s"; tail -3 "$R/swap.err"; grep -v '^{' "$R/swap.jsonl"
+fi
+if has ncuswap; then
+  timeout "${NCU_TIMEOUT:-150}" ncu --clock-control none -k regex:w4a16_swap_kernel --section SpeedOfLight \
+    --section Occupancy --section WarpStateStats --section LaunchStats --section SchedulerStats \
+    --section MemoryWorkloadAnalysis python3 benchmarks/ncu_swap.py > "$R/ncu_swap.log" 2>&1
+  echo "ncuswap rc $? after $(( $(date +%s) - T0 )) s"
+  grep -E "^  [a-z_0-9]+.*w4a16|M = |Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Warp Cycles Per Issued|Issue Slots Busy|No Eligible|Stall|Dynamic Shared" "$R/ncu_swap.log" | head -80
 fi
 if has tests; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_lanes_gpu.py -k "dense or linear" \
