@@ -73,7 +73,8 @@ def test_dense_split_k_configs(split, monkeypatch):
 SWAP_CONFIGS = [ops.TileConfig(bm, bn, split, warps, stages, swap=True, masks=masks)
                 for bm, bn, split, warps, stages, masks in [
                     (16, 64, 1, 4, 3, False), (32, 128, 2, 4, 3, False), (64, 128, 4, 8, 3, False),
-                    (64, 128, 2, 4, 4, True), (128, 128, 1, 8, 3, False), (64, 64, 4, 4, 3, True)]]
+                    (64, 128, 2, 4, 4, True), (128, 128, 1, 8, 3, False), (64, 64, 4, 4, 3, True),
+                    (64, 128, 4, 8, 2, False)]]
 
 
 @pytest.mark.skipif(torch.cuda.get_device_capability()[0] != 9, reason="swap_kernel is wgmma: Hopper only")

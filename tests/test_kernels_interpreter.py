@@ -286,11 +286,12 @@ def test_tile_heuristics_split_k_divides_k_blocks_and_stay_on_mma_sync_tiles():
         assert cfg.block_m in (16, 32)          # BLOCK_M 64 would take the slow wgmma/plain path
     assert ops.dense_config(1, 12288, 6144, 132).split_k == 4
     # on Hopper (swap=True) swap_kernel takes 33-255 rows: 64 activation rows split to two waves up to 64
-    # rows (the probe's pick: 12288x6144 at 48-64 rows split 4, 4096x7168 split 8), 128 unsplit above
-    for m, n, k, want in [(48, 12288, 6144, (64, 4)), (64, 12288, 6144, (64, 4)), (64, 4096, 7168, (64, 8)),
-                          (65, 12288, 6144, (128, 1)), (255, 7168, 2048, (128, 1))]:
+    # rows (the probe's pick: 12288x6144 at 48-64 rows split 4, 4096x7168 split 8), 128 unsplit above;
+    # 2 stages (3 programs per SM) where that makes the grid one wave
+    for m, n, k, want in [(48, 12288, 6144, (64, 4, 2)), (64, 12288, 6144, (64, 4, 2)), (64, 4096, 7168, (64, 8, 3)),
+                          (65, 12288, 6144, (128, 1, 3)), (255, 7168, 2048, (128, 1, 3))]:
         cfg = ops.dense_config(m, n, k, 132, swap=True)
-        assert cfg.swap and (cfg.block_m, cfg.split_k) == want and (cfg.block_n, cfg.num_warps) == (128, 8)
+        assert cfg.swap and (cfg.block_m, cfg.split_k, cfg.num_stages) == want and (cfg.block_n, cfg.num_warps) == (128, 8)
         assert (-(-k // 128)) % cfg.split_k == 0
     for m in (1, 16, 32):                       # mma.sync up to 32 rows, with or without wgmma
         assert ops.dense_config(m, 12288, 6144, 132, swap=True) == ops.dense_config(m, 12288, 6144, 132)

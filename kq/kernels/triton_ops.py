@@ -75,8 +75,13 @@ def dense_config(m: int, n: int, k: int, sms: int, swap: bool = False) -> TileCo
         return TileConfig(16, 128, _split_for(triton.cdiv(n, 64), kblocks, sms, waves=4))
     if swap and m > 32:
         bm = 64 if m <= 64 else 128
-        split = _split_for(triton.cdiv(n, 128), kblocks, sms) if m <= 64 else 1
-        return TileConfig(bm, 128, split, num_warps=8, swap=True)
+        programs = triton.cdiv(m, bm) * triton.cdiv(n, 128)
+        split = _split_for(programs, kblocks, sms) if m <= 64 else 1
+        # a 64 x 128 program takes 82 KB of shared memory at 3 stages (2 per SM) and 58 KB at 2 (3 per
+        # SM): 2 stages where that makes the grid one wave (Nsight Compute, 12288x6144 at M = 64: 384
+        # programs were 1.45 waves at 3 stages; benchmarks/results/h200/ncu_swap_s9_call6.txt)
+        stages = 2 if 2 * sms < programs * split <= 3 * sms else 3
+        return TileConfig(bm, 128, split, num_warps=8, num_stages=stages, swap=True)
     return TileConfig(32, 128, _split_for(triton.cdiv(m, 32) * triton.cdiv(n, 128), kblocks, sms))
 
 
