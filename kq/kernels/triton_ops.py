@@ -66,8 +66,8 @@ def dense_config(m: int, n: int, k: int, sms: int, swap: bool = False) -> TileCo
     """Tiles picked from the H200 sweeps (benchmarks/results/kernels.md). Up to 16 rows BLOCK_M 16 and
     up to 32 rows BLOCK_M 32 on mma.sync; above, with `swap` (Hopper, tiles layout), swap_kernel, the
     weights as wgmma's A operand: 64 or 128 activation rows by 128 weight rows (two warpgroups of
-    64), split over K until the grid covers the SMs twice up to 64 rows (12288x6144 at M = 64: 33.4
-    against 44.5 us on mma.sync, cuBLAS BF16 40.4; benchmarks/dense_swap_probe.py); else BLOCK_M 32
+    64), split over K until the grid covers the SMs twice up to 64 rows (12288x6144 at M = 64: 32.3
+    against 44.6 us on mma.sync, cuBLAS BF16 40.4; benchmarks/dense_swap_probe.py); else BLOCK_M 32
     on mma.sync (BLOCK_M 64 in gemm_kernel takes Triton's wgmma path with the weights through shared
     memory, 5-10x slower)."""
     kblocks = -(-k // PACK_K)
