@@ -6,7 +6,9 @@ the weights, median of 15). Every kq row carries its error against the float32 r
 
     python3 benchmarks/dense_swap_probe.py [--nk '12288x6144:16,32,64,128;4096x7168:32,64'] [--group 128]
 
-One JSON row per (shape, M, kernel); a summary table at the end (best swap candidate per M).
+One JSON row per (shape, M, kernel); a summary table at the end (best swap candidate per M). The
+candidates: the first probe's set by default, SWAP_MORE=1 the second's, SWAP_SET=stages the one that
+compared 2 and 3 pipeline stages (results/kernels.md, ninth session, calls 1, 2 and 7).
 """
 from __future__ import annotations
 
@@ -34,9 +36,9 @@ def candidates(m: int) -> list:
     bms = [fit] if m <= 64 else [64, min(fit, 128)]
     shapes = [(64, 1, 4, 3), (64, 2, 4, 3), (64, 4, 4, 3), (128, 1, 4, 3), (128, 2, 4, 3), (128, 4, 4, 3),
               (128, 2, 4, 4), (128, 1, 8, 3), (128, 2, 8, 3), (128, 4, 8, 3), (256, 1, 8, 3), (256, 2, 8, 3)]
-    if os.environ.get("SWAP_SET") == "stages":     # the fourth probe: 2 stages, 3 CTAs per SM (Nsight Compute)
+    if os.environ.get("SWAP_SET") == "stages":     # call 7 (ninth session): 2 stages, 3 programs per SM
         shapes = [(128, 4, 8, 3), (128, 4, 8, 2), (128, 2, 8, 2), (128, 8, 8, 2), (128, 8, 8, 3), (128, 1, 8, 2)]
-    if os.environ.get("SWAP_MORE") == "1":     # the second probe: around the first one's best (128, 4, 8, 3)
+    if os.environ.get("SWAP_MORE") == "1":     # call 2: around call 1's best (128, 4, 8, 3)
         shapes = [(128, 4, 8, 3), (128, 8, 8, 3), (128, 4, 8, 2), (128, 8, 8, 2), (128, 4, 8, 4), (128, 3, 8, 3),
                   (256, 2, 16, 3), (256, 4, 16, 3), (256, 8, 16, 3), (64, 8, 4, 3), (64, 4, 4, 2)]
     return [T(bm, bn, split, warps, stages, swap=True) for bm in bms for bn, split, warps, stages in shapes]
