@@ -463,13 +463,12 @@ def dense_case(name, n, k, ms, peers, groups=(128,), kq=True, sweep=False):
         for group in groups if kq else []:
             ws, bpw = random_linears(n, k, group)
             copies = len(ws)
+            default = kops.dense_config(m, n, k, sms, swap=kops.swap_serves(a.device, ws[0]))
             if AB and m < kops.DEQUANT_GEMM_MIN_M:
-                ab_time(base | {"group": group}, kops.dense_config(m, n, k, sms, swap=kops.swap_serves(a.device, ws[0])),
-                        f"kq_ab_dense_g{group}",
+                ab_time(base | {"group": group}, default, f"kq_ab_dense_g{group}",
                         lambda c: [lambda w=w: kops.w4a16_linear(a, w, config=c) for w in ws], n * k * bpw)
             us = graph_us([lambda w=w: kops.w4a16_linear(a, w) for w in ws])
-            cfg = ("dequant+cublas" if m >= kops.DEQUANT_GEMM_MIN_M
-                   else kops.dense_config(m, n, k, sms, swap=kops.swap_serves(a.device, ws[0])).__dict__)
+            cfg = "dequant+cublas" if m >= kops.DEQUANT_GEMM_MIN_M else default.__dict__
             log({**base, "kind": f"kq_g{group}", "us": round(us, 2), "GBps": round(n * k * bpw / us / 1e3, 1),
                  "TFLOPs": round(2 * m * n * k / us / 1e6, 1), "cfg": cfg})
             if sweep:

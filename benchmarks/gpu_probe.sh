@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One lent H200 (nvidia-h200), one call, the eighth session's probes; STEPS picks them (default: all):
+# One lent H200 (nvidia-h200), one call, the eighth and ninth sessions' probes; STEPS picks them (default:
+# the eighth's five):
 #  tests   the lane kernel's dense GPU tests (the XPRE instances among them);
 #  ab      benchmarks/lanes_ab.py with AB_VARIANTS (default base) on the cases AB_CASES (default g32);
 #  dense   lanes_ab: every dense instance on 12288x6144 and 4096x7168 at M = DENSE_M (default 1,2,8);

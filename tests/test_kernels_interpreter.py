@@ -105,6 +105,15 @@ def test_swap_kernel_partial_sums_are_exact(group, k):
     assert _rel(part.double().sum(0), x.double() @ wq.t()) < 1e-6
 
 
+@pytest.mark.parametrize("swap", [False, True])
+def test_a_split_that_does_not_divide_the_k_blocks_is_refused(swap):
+    gen = torch.Generator().manual_seed(5)
+    p, s = _weights(1, 64, 384, 128, gen)         # 3 blocks of 128 inputs
+    x = torch.randn(2, 384, generator=gen).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="split_k 2 does not divide the 3 K blocks of 128"):
+        ops.w4a16_linear(x, prepack_linear(p[0], s[0], 128), config=ops.TileConfig(16, 64, 2, swap=swap))
+
+
 def test_swap_config_refuses_the_lane_layout():
     gen = torch.Generator().manual_seed(3)
     p, s = _weights(1, 64, 128, 128, gen)

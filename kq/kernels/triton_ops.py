@@ -119,14 +119,21 @@ def _lane_strides(q, s, kblocks: int) -> tuple[int, int, int, int]:
     return q.stride(0), q.stride(1), s.stride(0), s.stride(2)
 
 
+def _blocks_per_split(k: int, cfg: TileConfig) -> int:
+    """The 128-input blocks each K split of `cfg` covers (both GEMM kernels take it); refuses a split that
+    does not divide them."""
+    kblocks = -(-k // PACK_K)
+    if kblocks % cfg.split_k:
+        raise ValueError(f"split_k {cfg.split_k} does not divide the {kblocks} K blocks of {PACK_K}")
+    return kblocks // cfg.split_k
+
+
 def _launch_gemm(a, q, s, out, k, n, group, cfg: TileConfig, *, rows=0, routing=None, a_row_div=1,
                  gated=False, up_offset=0, lane=False):
     """lane: q, s in the lane layout ([E, ...]; a dense linear's with E = 1); up_offset is up's first
     column in either layout."""
     kblocks = -(-k // PACK_K)
-    if kblocks % cfg.split_k:
-        raise ValueError(f"split_k {cfg.split_k} does not divide the {kblocks} K blocks of {PACK_K}")
-    per_split = kblocks // cfg.split_k
+    per_split = _blocks_per_split(k, cfg)
     if routing is None:
         pairs = blk_e = blk_s = blk_c = q                  # unused pointers in the dense case
         m_blocks = triton.cdiv(rows, cfg.block_m)
@@ -161,14 +168,11 @@ def _launch_gemm(a, q, s, out, k, n, group, cfg: TileConfig, *, rows=0, routing=
 
 def _launch_swap(a, q, s, out, k, n, group, cfg: TileConfig, rows: int):
     """swap_kernel on a tiles-layout matrix: out [rows, n], or [split, rows, n] fp32 partial sums."""
-    kblocks = -(-k // PACK_K)
-    if kblocks % cfg.split_k:
-        raise ValueError(f"split_k {cfg.split_k} does not divide the {kblocks} K blocks of {PACK_K}")
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(rows, cfg.block_m), cfg.split_k)
     w4a16_swap_kernel[grid](
         a, a.stride(0), q, q.stride(0), s, s.stride(0),
         out, out.stride(0) if out.dim() == 3 else 0, out.stride(-2),
-        rows, n, k, kblocks // cfg.split_k,
+        rows, n, k, _blocks_per_split(k, cfg),
         GROUP=group, SPLIT_K=cfg.split_k, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
         EVEN_K=not cfg.masks and k % PACK_K == 0, EVEN_N=not cfg.masks and n % cfg.block_n == 0,
         ASM=not _INTERPRETED, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
