@@ -45,6 +45,20 @@ def log(row: dict) -> None:
     print(json.dumps(row), flush=True)
 
 
+def run_env() -> dict:
+    """Date, GPU, driver and versions: the first row of every kernel benchmark's output."""
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "python": platform.python_version(),
+           "sms": torch.cuda.get_device_properties(0).multi_processor_count}
+    try:
+        env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                       capture_output=True, text=True).stdout.strip()
+    except OSError:
+        env["driver"] = "?"
+    return env
+
+
 def graph_us(fns, reps: int = 15) -> float:
     """Median µs per call of a CUDA graph holding each fn once (fns rotate weights/routings)."""
     for fn in fns[:2]:
@@ -589,15 +603,7 @@ def main():
     peers = set(p for p in args.peers.split(",") if p)
     groups = [int(g) for g in args.groups.split(",")]
     torch.manual_seed(0)
-    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-           "python": platform.python_version(),
-           "sms": torch.cuda.get_device_properties(0).multi_processor_count}
-    try:
-        env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                       capture_output=True, text=True).stdout.strip()
-    except OSError:
-        env["driver"] = "?"
+    env = run_env()
     if args.warm_marlin:            # compile SGLang's JIT Marlin kernels (minutes) and exit
         tis = routings(8, 1, 2, 1)
         sgl_marlin_stage1(8, 512, 1024, 1, 2, tis, torch.rand(1, 2, device=DEV),

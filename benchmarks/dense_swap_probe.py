@@ -6,7 +6,7 @@ the weights, median of 15). Every kq row carries its error against the float32 r
 
     python3 benchmarks/dense_swap_probe.py [--nk '12288x6144:16,32,64,128;4096x7168:32,64'] [--group 128]
 
-One JSON row per (shape, M, kernel); a summary table at the end (best swap candidate per M). The
+A first JSON row with the date, GPU and versions, then one per (shape, M, kernel); a summary table at the end (best swap candidate per M). The
 candidates: the first probe's set by default, SWAP_MORE=1 the second's, SWAP_SET=stages the one that
 compared 2 and 3 pipeline stages (results/kernels.md, ninth session, calls 1, 2 and 7).
 """
@@ -22,7 +22,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
-from bench_kernels import DEV, graph_us, hbm_copies, random_linears  # noqa: E402
+from bench_kernels import DEV, graph_us, hbm_copies, random_linears, run_env  # noqa: E402
 
 from kq.kernels import reference  # noqa: E402
 from kq.kernels import triton_ops as kops  # noqa: E402
@@ -49,6 +49,7 @@ def main() -> None:
     ap.add_argument("--nk", default="12288x6144:16,32,64,128;4096x7168:32,64")
     ap.add_argument("--group", type=int, default=128)
     args = ap.parse_args()
+    print(json.dumps(run_env()), flush=True)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     summary = []
     for case in args.nk.split(";"):
