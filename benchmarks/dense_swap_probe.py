@@ -7,8 +7,9 @@ the weights, median of 15). Every kq row carries its error against the float32 r
     python3 benchmarks/dense_swap_probe.py [--nk '12288x6144:16,32,64,128;4096x7168:32,64'] [--group 128]
 
 A first JSON row with the date, GPU and versions, then one per (shape, M, kernel); a summary table at
-the end (best swap candidate per M). The candidates: the first probe's set by default, SWAP_MORE=1 the second's, SWAP_SET=stages the one that
-compared 2 and 3 pipeline stages (results/kernels.md, ninth session, calls 1, 2 and 7).
+the end (best swap candidate per M). The candidates: the first probe's set by default, SWAP_MORE=1 the
+second's, SWAP_SET=stages the one that compared 2 and 3 pipeline stages (results/kernels.md, ninth
+session, calls 1, 2 and 7).
 """
 from __future__ import annotations
 
