@@ -10,13 +10,16 @@
 #  swaptests  tests/test_kernels_gpu.py (swap_kernel's tests and the dense defaults that now take it);
 #  swap    benchmarks/dense_swap_probe.py (swap_kernel's tile configs against cuBLAS, SWAP_NK its cases);
 #  ncuswap Nsight Compute on swap_kernel's default config at 48 and 64 rows (benchmarks/ncu_swap.py).
+# Tenth session:
+#  lanestests  all of tests/test_kernels_lanes_gpu.py (the FOLD 2 instances and group_offsets among them);
+#  moeinst every MoE instance of both stages (lanes_ab --all-instances, two rounds) on lanes_ab's MoE cases.
 # carry: .whl-slim .gpu        results: $OUT/probe.tgz
 source benchmarks/gpu_common.sh probe
 export MAX_JOBS=16
 STEPS=${STEPS:-tests,dense,tiles,nov3,floor}
 export AB_TIMEOUT=${AB_TIMEOUT:-200}     # for lanes_ab (gpu_common.sh)
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
-if has tests || has ab || has dense; then
+if has tests || has ab || has dense || has lanestests || has moeinst; then
   python3 -c "from kq.kernels import cuda_lanes; cuda_lanes._ext()" && echo "ext built after $(( $(date +%s) - T0 )) s"
 fi
 if has swaptests; then
@@ -41,6 +44,12 @@ if has tests; then
     > "$R/pytest_dense.log" 2>&1; tail -1 "$R/pytest_dense.log"; grep FAILED "$R/pytest_dense.log" | head
   echo "tests done after $(( $(date +%s) - T0 )) s"
 fi
+if has lanestests; then
+  timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_lanes_gpu.py \
+    > "$R/pytest_lanes.log" 2>&1; tail -1 "$R/pytest_lanes.log"; grep FAILED "$R/pytest_lanes.log" | head
+  echo "lanes tests done after $(( $(date +%s) - T0 )) s"
+fi
+has moeinst && lanes_ab moeinst --variants base --all-instances --cases glm52,kimi
 has ab && lanes_ab ab --variants "${AB_VARIANTS:-base}" --cases "${AB_CASES:-g32}"
 has dense && lanes_ab ab_dense --variants base --all-instances --cases dense --dense-m "${DENSE_M:-1,2,8}"
 tiles() {   # $1 = file stem; the environment picks Triton's MMA

@@ -20,14 +20,17 @@ from .layout import PrepackedLinear, PrepackedMoE
 
 _SRC = Path(__file__).with_name("cuda")
 _SOURCES = ["moe_lanes_binding.cpp", "moe_lanes_launch.cu", "moe_lanes_g128.cu", "moe_lanes_g64.cu", "moe_lanes_g32.cu"]
-# (NT, KSPLIT, STAGES, FOLD) instances every group size's file builds (moe_lanes.cuh KQ_LANES_VARIANTS)
-GATE_UP_VARIANTS = [(1, 1, 4, True), (1, 1, 6, True), (1, 4, 4, True), (2, 1, 4, True), (1, 1, 4, False),
-                    (1, 4, 4, False)]
+# (NT, KSPLIT, STAGES, FOLD) instances every group size's file builds (moe_lanes.cuh KQ_LANES_VARIANTS).
+# FOLD: 0 the codes made exact by a subtract; 1 the codes enter as q + 136 and an extra mma per step
+# takes 136 * sum(x) off; 2 the same offset precomputed per row and group (group_offsets, one small launch
+# before the stage) and fed to each group's first mma as its accumulator: no extra mma, no per-group add
+GATE_UP_VARIANTS = [(1, 1, 4, 1), (1, 1, 6, 1), (1, 4, 4, 1), (2, 1, 4, 1), (1, 1, 4, 0), (1, 4, 4, 0),
+                    (1, 1, 4, 2), (2, 1, 4, 2), (1, 4, 4, 2)]
 # gate+up instances whose activations go through the shared-memory ring too (XSM: 5-tuples ending in True),
 # group 128 only (moe_lanes.cuh KQ_LANES_XSM_128)
-GATE_UP_XSM_VARIANTS = [(1, 1, 4, True, True), (2, 1, 4, True, True)]
-DOWN_VARIANTS = [(2, 1, 4, True), (2, 1, 6, True), (2, 4, 4, True), (2, 1, 4, False), (1, 1, 4, True),
-                 (2, 4, 4, False)]
+GATE_UP_XSM_VARIANTS = [(1, 1, 4, 1, True), (2, 1, 4, 1, True), (1, 1, 4, 2, True), (2, 1, 4, 2, True)]
+DOWN_VARIANTS = [(2, 1, 4, 1), (2, 1, 6, 1), (2, 4, 4, 1), (2, 1, 4, 0), (1, 1, 4, 1), (2, 4, 4, 0),
+                 (2, 1, 4, 2), (1, 1, 4, 2), (2, 4, 4, 2)]
 # (NT, KSPLIT, STAGES) of the dense instances (one matrix, no routing; FOLD on): KQ_LANES_DENSE_VARIANTS;
 # 4-tuples ending in True: XPRE, the block's activation rows preloaded into shared memory once (for a few
 # rows: min(8, rows) x K x 2 bytes per CTA), which frees the registers of the activation sets
@@ -84,22 +87,23 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: in
     warps = min(pairs, experts) * -(-n_tiles // (2 * nt))
     if gated and group == 128 and split(warps) == 1 and warps <= 4 * XSM_RESIDENT[1]:
         if XSM_RESIDENT[1] < warps <= 2 * XSM_RESIDENT[2]:
-            return 2, 1, 4, True, True
-        return 1, 1, 4, True, True
+            return 2, 1, 4, 1, True
+        return 1, 1, 4, 1, True
     if gated and resident < warps <= 2 * resident:
         nt, warps = 2, warps // 2
     ks = split(warps)
     if gated:
-        fold = not (nt == 1 and warps < resident)
+        fold = int(not (nt == 1 and warps < resident))
     else:
-        fold = group != 128
+        fold = int(group != 128)
     return nt, ks, 4, fold
 
 
 def variant_name(v: tuple) -> str:
     """A MoE instance's name in benchmark rows: n<NT>k<KSPLIT>s<STAGES>, "nf" appended when FOLD is off,
-    "x" for the XSM instances (dense instances: dense_variant_name)."""
-    return f"n{v[0]}k{v[1]}s{v[2]}{'' if len(v) < 4 or v[3] else 'nf'}{'x' if len(v) > 4 and v[4] else ''}"
+    "o" for FOLD 2 (precomputed offsets), "x" for the XSM instances (dense instances: dense_variant_name)."""
+    fold = {0: "nf", 1: "", 2: "o"}[int(v[3]) if len(v) > 3 else 1]
+    return f"n{v[0]}k{v[1]}s{v[2]}{fold}{'x' if len(v) > 4 and v[4] else ''}"
 
 
 def dense_variant_name(v: tuple) -> str:
@@ -149,8 +153,14 @@ def _builds() -> bool:
 def _run(a, q, s, out, routing, K, n_tiles, n_tiles_all, up_tiles, a_row_div, gated, group, variant, experts):
     pairs, be, bs, bc = routing
     nt, ks, stages, fold, *xsm = variant or pick(pairs.numel(), experts, n_tiles, q.shape[2], gated, group)
+    xo = be                                       # unread unless FOLD 2
+    if fold == 2:                                 # -136 * each row's group sums (fp32), read by the stage
+        xo = torch.empty(a.shape[0], s.shape[-1], dtype=torch.float32, device=a.device)
+        rc = _ext().group_offsets(a, xo, K, group)
+        if rc != 0:
+            raise RuntimeError(f"kq_group_offsets_launch failed ({rc})")
     rc = _ext().launch(a, q, s, out, pairs, be, bs, bc, K, n_tiles, n_tiles_all, up_tiles, a_row_div,
-                       int(gated), group, nt, ks, stages, int(fold), int(bool(xsm and xsm[0])))
+                       int(gated), group, nt, ks, stages, int(fold), int(bool(xsm and xsm[0])), xo)
     if rc != 0:
         raise RuntimeError(f"kq_moe_lanes_launch failed ({rc})")
 
