@@ -11,7 +11,7 @@
 #  swap    benchmarks/dense_swap_probe.py (swap_kernel's tile configs against cuBLAS, SWAP_NK its cases);
 #  ncuswap Nsight Compute on swap_kernel's default config at 48 and 64 rows (benchmarks/ncu_swap.py).
 # Tenth session:
-#  lanestests  all of tests/test_kernels_lanes_gpu.py (the FOLD 2 instances and group_offsets among them);
+#  lanestests  all of tests/test_kernels_lanes_gpu.py;
 #  moeinst every MoE instance of both stages (lanes_ab --all-instances, two rounds) on lanes_ab's MoE cases.
 # carry: .whl-slim .gpu        results: $OUT/probe.tgz
 source benchmarks/gpu_common.sh probe

@@ -8,6 +8,7 @@
 #    SGLang's FP8 MoE at 1/16/64 tokens, groups 128 and 32, with the dense rows), and with NCU=1
 #    Nsight Compute on the lane kernel's picked instances (benchmarks/ncu_lanes.py);
 #  - then Marlin's rows in a second process (the routings are seeded per case: the same ones).
+#  - the GPU's clocks meanwhile ($R/clocks.csv, nvidia-smi every 200 ms), summarised at the end.
 # carry: .whl-slim .gpu        results: $OUT/rec.tgz (and $OUT/rec/sgl_jit.tgz when it was built here)
 source benchmarks/gpu_common.sh rec
 export SGLANG_JIT_CACHE_DIR=/tmp/sgl_jit
@@ -15,6 +16,11 @@ mkdir -p "$SGLANG_JIT_CACHE_DIR"
 [ -f .gpu/sgl_jit.tgz ] && tar xzf .gpu/sgl_jit.tgz -C "$SGLANG_JIT_CACHE_DIR" && echo "marlin cache unpacked"
 timeout "${MARLIN_WARM_TIMEOUT:-480}" python3 benchmarks/bench_kernels.py --warm-marlin > "$R/marlin_warm.log" 2>&1 &
 W=$!
+# the GPU's clocks, power, temperature and throttle reasons every 200 ms while the rows run (the same
+# instance's time moved by 5-11 % between two rounds of one process in the tenth session's first call)
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+  --format=csv -lms 200 > "$R/clocks.csv" 2>&1 &
+C=$!
 [ "${SKIP_TESTS:-0}" = 1 ] || kernel_tests
 decode_rows
 if [ "${NCU:-0}" = 1 ]; then
@@ -27,6 +33,15 @@ wait $W; echo "marlin warm rc $? after $(( $(date +%s) - T0 )) s"
 timeout "${MARLIN_TIMEOUT:-100}" python3 benchmarks/bench_kernels.py --out "$R" --no-kq --peers marlin --skip-dense \
   --moe glm52,kimi_tp8 --tokens 1,16,64 --groups 128,32 --tag _marlin > "$R/marlin.log" 2>&1
 echo "marlin rows rc $? after $(( $(date +%s) - T0 )) s"
+kill $C
+python3 - "$R/clocks.csv" <<'PY'
+import collections, sys
+rows = [l.split(", ") for l in open(sys.argv[1]).read().splitlines()[1:] if l.count(",") == 5]
+if rows:
+    sm = [int(r[1].split()[0]) for r in rows]; pw = [float(r[3].split()[0]) for r in rows if r[3][0].isdigit()]
+    print(f"clocks: {len(rows)} samples, SM MHz min/median/max {min(sm)}/{sorted(sm)[len(sm) // 2]}/{max(sm)}, "
+          f"power W max {max(pw) if pw else '?'}, throttle reasons {dict(collections.Counter(r[5] for r in rows))}")
+PY
 python3 benchmarks/kernel_table.py "$R/decode.log" "$R/marlin.log"
 grep -iE "Traceback|error" "$R"/*.log | head -5
 [ -f .gpu/sgl_jit.tgz ] || tar czf "$OUT/sgl_jit.tgz" -C "$SGLANG_JIT_CACHE_DIR" . && ls -la "$OUT"

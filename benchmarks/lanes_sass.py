@@ -30,15 +30,15 @@ def main() -> None:
     ap.add_argument("--group", default="32,128")
     ap.add_argument("--nt", type=int, default=1)
     ap.add_argument("--gated", type=int, default=1)
-    ap.add_argument("--fold", type=int, default=1, help="0 off, 1 the offset mma, 2 the precomputed offsets")
+    ap.add_argument("--fold", type=int, default=1)
     ap.add_argument("--ksplit", type=int, default=1)
     ap.add_argument("--stages", type=int, default=4)
     ap.add_argument("--dense", action="store_true", help="a DENSE instance (one matrix; not gated, FOLD on)")
     ap.add_argument("--xpre", action="store_true", help="with --dense: the activations preloaded (XPRE)")
     args = ap.parse_args()
     b = lambda v: "true" if v else "false"   # noqa: E731
-    gated, fold = (False, 1) if args.dense else (args.gated, args.fold)
-    insts = [f"{args.nt}, {b(gated)}, {g}, 4, {args.ksplit}, {args.stages}, {int(fold)}, false, true, "
+    gated, fold = (False, True) if args.dense else (args.gated, args.fold)
+    insts = [f"{args.nt}, {b(gated)}, {g}, 4, {args.ksplit}, {args.stages}, {b(fold)}, false, true, "
              f"{b(args.dense)}, {b(args.dense and args.xpre)}" for g in args.group.split(",")]
     with tempfile.TemporaryDirectory() as d:
         cu = os.path.join(d, "inst.cu")

@@ -28,17 +28,18 @@ def test_every_pick_is_a_built_instance(shape, tokens, group):
     ("kimi_tp8", 64, 128, (1, 1, 4, True, True)),  # 3.9 waves of XSM warps
     ("glm52", 16, 128, (1, 1, 4, True)),       # ten waves: the register sets
     ("glm52", 1, 64, (1, 1, 4, False)),        # no XSM instances below group 128: under one wave, FOLD off
-    ("kimi_tp8", 64, 32, (1, 1, 4, True)),
+    ("kimi_tp8", 64, 32, (1, 1, 4, False)),     # 3.9 waves: FOLD off (tenth session)
+    ("glm52", 16, 32, (1, 1, 4, True)),        # ten waves: FOLD on
 ])
 def test_gate_up_picks_of_the_measured_shapes(shape, tokens, group, want):
     e, h, i = SHAPES[shape]
     assert cuda_lanes.pick(tokens * 8, e, i // 8, -(-h // 128), True, group) == want
 
 
-def test_down_drops_fold_at_group_128_only():
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_down_runs_without_fold(group):
     e, h, i = SHAPES["glm52"]
-    assert cuda_lanes.pick(512, e, h // 8, -(-i // 128), False, 128) == (2, 1, 4, False)
-    assert cuda_lanes.pick(512, e, h // 8, -(-i // 128), False, 32) == (2, 1, 4, True)
+    assert cuda_lanes.pick(512, e, h // 8, -(-i // 128), False, group) == (2, 1, 4, False)
 
 
 @pytest.mark.parametrize("n,k,rows,want", [

@@ -20,17 +20,14 @@ from .layout import PrepackedLinear, PrepackedMoE
 
 _SRC = Path(__file__).with_name("cuda")
 _SOURCES = ["moe_lanes_binding.cpp", "moe_lanes_launch.cu", "moe_lanes_g128.cu", "moe_lanes_g64.cu", "moe_lanes_g32.cu"]
-# (NT, KSPLIT, STAGES, FOLD) instances every group size's file builds (moe_lanes.cuh KQ_LANES_VARIANTS).
-# FOLD: 0 the codes made exact by a subtract; 1 the codes enter as q + 136 and an extra mma per step
-# takes 136 * sum(x) off; 2 the same offset precomputed per row and group (group_offsets, one small launch
-# before the stage) and fed to each group's first mma as its accumulator: no extra mma, no per-group add
-GATE_UP_VARIANTS = [(1, 1, 4, 1), (1, 1, 6, 1), (1, 4, 4, 1), (2, 1, 4, 1), (1, 1, 4, 0), (1, 4, 4, 0),
-                    (1, 1, 4, 2), (2, 1, 4, 2), (1, 4, 4, 2)]
+# (NT, KSPLIT, STAGES, FOLD) instances every group size's file builds (moe_lanes.cuh KQ_LANES_VARIANTS)
+GATE_UP_VARIANTS = [(1, 1, 4, True), (1, 1, 6, True), (1, 4, 4, True), (2, 1, 4, True), (1, 1, 4, False),
+                    (1, 4, 4, False)]
 # gate+up instances whose activations go through the shared-memory ring too (XSM: 5-tuples ending in True),
 # group 128 only (moe_lanes.cuh KQ_LANES_XSM_128)
-GATE_UP_XSM_VARIANTS = [(1, 1, 4, 1, True), (2, 1, 4, 1, True), (1, 1, 4, 2, True), (2, 1, 4, 2, True)]
-DOWN_VARIANTS = [(2, 1, 4, 1), (2, 1, 6, 1), (2, 4, 4, 1), (2, 1, 4, 0), (1, 1, 4, 1), (2, 4, 4, 0),
-                 (2, 1, 4, 2), (1, 1, 4, 2), (2, 4, 4, 2)]
+GATE_UP_XSM_VARIANTS = [(1, 1, 4, True, True), (2, 1, 4, True, True)]
+DOWN_VARIANTS = [(2, 1, 4, True), (2, 1, 6, True), (2, 4, 4, True), (2, 1, 4, False), (1, 1, 4, True),
+                 (2, 4, 4, False)]
 # (NT, KSPLIT, STAGES) of the dense instances (one matrix, no routing; FOLD on): KQ_LANES_DENSE_VARIANTS;
 # 4-tuples ending in True: XPRE, the block's activation rows preloaded into shared memory once (for a few
 # rows: min(8, rows) x K x 2 bytes per CTA), which frees the registers of the activation sets
@@ -77,33 +74,34 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: in
       there);
     - gate+up otherwise: two tile pairs per warp when one pair per warp would spill just past one
       wave and two fit in it (Kimi TP-8, 16 tokens, group 32: 72.4-72.8 against 83.9-84.5 us); FOLD
-      off when the warps do not fill one wave (GLM-5.2, 1 token: 33.6-34.0 against 36.8-36.9 us at
-      group 128, 39.3-39.7 against 41.2-41.7 at 32);
-    - down: FOLD off at group 128 (GLM-5.2, 64 tokens: 365.8-375.9 against 390.9-398.4 us; elsewhere
-      within 1 %); kept at group 32, where Kimi's down runs 1-4 % slower without it."""
+      off up to four waves of warps (GLM-5.2, 1 token: 33.6-34.0 against 36.8-36.9 us at group 128,
+      39.3-39.7 against 41.2-41.7 at 32; since FOLD off lost its idle per-group add, tenth session,
+      benchmarks/results/h200/lanes_ab_s10_call1_fold2_833fe7d.jsonl: Kimi TP-8 64 tokens group 32, 3.9
+      waves, 156.8-157.6 against 164.9-166.2; GLM-5.2 16 tokens at ten waves 378.1-378.8 against
+      379.4-383.9, at 64 tokens, twenty waves, 891.7-899.6 against 839.9-841.7, so not there);
+    - down: FOLD off (GLM-5.2, 64 tokens, group 128: 365.8-375.9 against 390.9-398.4 us; at group 32,
+      since the idle add went, faster in all six cases of the same call: GLM-5.2 1 / 16 / 64 tokens
+      20.6 / 193.6 / 415.5 against 21.3 / 198.7 / 424.5, Kimi TP-8 16 / 64 tokens 55.6 / 144.9 against
+      56.1 / 146.6, 1 token 8.6 both)."""
     resident = 132 * 16 if group == 128 else SMS_WARPS      # 120 registers at group 128, up to 168 below
     split = lambda w: 4 if w < SMS_WARPS // 2 and kb >= 16 else 1    # noqa: E731
     nt = 1 if gated else 2
     warps = min(pairs, experts) * -(-n_tiles // (2 * nt))
     if gated and group == 128 and split(warps) == 1 and warps <= 4 * XSM_RESIDENT[1]:
         if XSM_RESIDENT[1] < warps <= 2 * XSM_RESIDENT[2]:
-            return 2, 1, 4, 1, True
-        return 1, 1, 4, 1, True
+            return 2, 1, 4, True, True
+        return 1, 1, 4, True, True
     if gated and resident < warps <= 2 * resident:
         nt, warps = 2, warps // 2
     ks = split(warps)
-    if gated:
-        fold = int(not (nt == 1 and warps < resident))
-    else:
-        fold = int(group != 128)
+    fold = gated and not (nt == 1 and warps <= 4 * resident)
     return nt, ks, 4, fold
 
 
 def variant_name(v: tuple) -> str:
     """A MoE instance's name in benchmark rows: n<NT>k<KSPLIT>s<STAGES>, "nf" appended when FOLD is off,
-    "o" for FOLD 2 (precomputed offsets), "x" for the XSM instances (dense instances: dense_variant_name)."""
-    fold = {0: "nf", 1: "", 2: "o"}[int(v[3]) if len(v) > 3 else 1]
-    return f"n{v[0]}k{v[1]}s{v[2]}{fold}{'x' if len(v) > 4 and v[4] else ''}"
+    "x" for the XSM instances (dense instances: dense_variant_name)."""
+    return f"n{v[0]}k{v[1]}s{v[2]}{'' if len(v) < 4 or v[3] else 'nf'}{'x' if len(v) > 4 and v[4] else ''}"
 
 
 def dense_variant_name(v: tuple) -> str:
@@ -153,14 +151,8 @@ def _builds() -> bool:
 def _run(a, q, s, out, routing, K, n_tiles, n_tiles_all, up_tiles, a_row_div, gated, group, variant, experts):
     pairs, be, bs, bc = routing
     nt, ks, stages, fold, *xsm = variant or pick(pairs.numel(), experts, n_tiles, q.shape[2], gated, group)
-    xo = be                                       # unread unless FOLD 2
-    if fold == 2:                                 # -136 * each row's group sums (fp32), read by the stage
-        xo = torch.empty(a.shape[0], s.shape[-1], dtype=torch.float32, device=a.device)
-        rc = _ext().group_offsets(a, xo, K, group)
-        if rc != 0:
-            raise RuntimeError(f"kq_group_offsets_launch failed ({rc})")
     rc = _ext().launch(a, q, s, out, pairs, be, bs, bc, K, n_tiles, n_tiles_all, up_tiles, a_row_div,
-                       int(gated), group, nt, ks, stages, int(fold), int(bool(xsm and xsm[0])), xo)
+                       int(gated), group, nt, ks, stages, int(fold), int(bool(xsm and xsm[0])))
     if rc != 0:
         raise RuntimeError(f"kq_moe_lanes_launch failed ({rc})")
 

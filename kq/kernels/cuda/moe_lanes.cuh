@@ -10,8 +10,7 @@
 //
 // Per warp: NT pairs of n-tiles of 8 output columns (of gate and of up when GATED), all rows (<= 8
 // pairs) of one routed block, the whole K or a 1/KSPLIT share of it. mma.m16n8k16 bf16 -> fp32; the codes enter as 128 + nibble = q + 136 and
-// 136 * sum(x) comes off per group (FOLD 1: from one extra mma of x with a constant, shared by all tiles;
-// FOLD 2: as the first mma's accumulator input, from offsets a small kernel computed per row and group).
+// 136 * sum(x) comes off per group from one extra mma of x with a constant (shared by all tiles).
 // Activations come from global memory (L1/L2: every CTA of the block reads the same rows), 8 bytes
 // per lane and step: a lane's inputs of a step are 4 consecutive values (see lane_layout.py).
 #pragma once
@@ -35,21 +34,6 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// d = a b + c (c: the accumulator a group starts from)
-__device__ __forceinline__ void mma_from(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float2 c) {
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%10,%11,%10,%11};\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c.x), "f"(c.y));
-}
-
-__device__ __forceinline__ float2 lds_f2(uint32_t addr) {
-  float2 v;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
-  return v;
-}
-
 __device__ __forceinline__ float2 bf16x2_to_float2(uint32_t v) {
   return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xFFFF0000u));
 }
@@ -70,7 +54,6 @@ struct Params {
   const int* blk_count;
   int lda, ldo, K, kb_total, groups, n_tiles, n_tiles_all, up_tiles, a_row_div;
   int rows;                    // DENSE: rows of a (one matrix, no routing table)
-  const float* xo;             // FOLD 2: [rows of a, groups] -136 * (sum of the group's inputs), fp32
 };
 
 constexpr uint32_t NEG136 = 0xC308C308u;   // bf16x2 (-136, -136)
@@ -93,29 +76,21 @@ __device__ __forceinline__ float scale_at(uint2 v, int lg) {
 // block, token g for lane g), C = [16 columns x 8 rows]. With at most a few rows per expert, none of
 // the mma's 16-wide side is wasted on padding rows, the A fragment {col g h0, col g+8 h0, col g h1,
 // col g+8 h1} is built by the dequantising lop3s in place, and the B fragment is one 8-byte load.
-// FOLD 1: the codes enter the mma as q + 136 and one extra mma per step of x with -136 gives the offset,
-// added once per group. FOLD 2: the codes enter as q + 136 too, and a group's first mma starts from the
-// offset (-136 * the group's sum of x, precomputed per row and group: xo, the lane's rows 2t and 2t + 1,
-// one 8-byte shared-memory load per group shared by all tiles) instead of from zero: no offset mma and
-// no per-group add. FOLD 0: one packed bf16 subtract per register makes the codes q exactly.
-template <int NT, int MATS, int GROUP, int FOLD>
+// FOLD: the codes enter the mma as q + 136 and one extra mma per step of x with -136 gives the offset,
+// added once per group; without FOLD one packed bf16 subtract per register makes the codes q exactly
+// (no offset mma, no per-group add: fewer instructions when groups are short).
+template <int NT, int MATS, int GROUP, bool FOLD>
 __device__ __forceinline__ void block_mma(const int4 (&w)[NT][MATS][2], const uint2 (&xb)[8],
                                           const uint2 (&sc)[NT][MATS][2], float (&part)[NT][MATS][4],
-                                          float (&acc)[NT][MATS][4], float (&xoff)[4], uint32_t xo) {
+                                          float (&acc)[NT][MATS][4], float (&xoff)[4]) {
   constexpr int WORDS_PER_GROUP = GROUP / 32;   // a word covers 2 steps = 32 inputs
   const uint32_t neg[4] = {NEG136, NEG136, NEG136, NEG136};
-  float2 off[128 / GROUP];                       // FOLD 2: this block's groups, rows 2t and 2t + 1
-  if constexpr (FOLD == 2) {
-#pragma unroll
-    for (int lg = 0; lg < 128 / GROUP; ++lg) off[lg] = lds_f2(xo + lg * 32);
-  }
 #pragma unroll
   for (int wd = 0; wd < 4; ++wd) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {       // step 2wd + half uses shifts 4(2 half + h)
       const int st = 2 * wd + half;
-      const bool first = half == 0 && wd % WORDS_PER_GROUP == 0;   // a group's first step
-      if (FOLD == 1) mma(xoff, neg, xb[st].x, xb[st].y);
+      if (FOLD) mma(xoff, neg, xb[st].x, xb[st].y);
 #pragma unroll
       for (int i = 0; i < NT; ++i) {
 #pragma unroll
@@ -123,15 +98,11 @@ __device__ __forceinline__ void block_mma(const int4 (&w)[NT][MATS][2], const ui
           const uint32_t lo = reinterpret_cast<const uint32_t*>(&w[i][m][0])[wd] >> (8 * half);   // column g
           const uint32_t hi = reinterpret_cast<const uint32_t*>(&w[i][m][1])[wd] >> (8 * half);   // column g + 8
           uint32_t a[4] = {pair_bf16(lo), pair_bf16(hi), pair_bf16(lo >> 4), pair_bf16(hi >> 4)};
-          if (FOLD == 0) {
+          if (!FOLD) {
 #pragma unroll
             for (int r = 0; r < 4; ++r) a[r] = sub136(a[r]);
           }
-          if (FOLD == 2 && first) {
-            mma_from(part[i][m], a, xb[st].x, xb[st].y, off[wd / WORDS_PER_GROUP]);
-          } else {
-            mma(part[i][m], a, xb[st].x, xb[st].y);
-          }
+          mma(part[i][m], a, xb[st].x, xb[st].y);
         }
       }
     }
@@ -143,21 +114,21 @@ __device__ __forceinline__ void block_mma(const int4 (&w)[NT][MATS][2], const ui
         for (int m = 0; m < MATS; ++m) {
           const float s0 = scale_at(sc[i][m][0], lg);     // column g
           const float s1 = scale_at(sc[i][m][1], lg);     // column g + 8
-          if (FOLD == 1) {
+          if (FOLD) {
             acc[i][m][0] += (part[i][m][0] + xoff[0]) * s0;
             acc[i][m][1] += (part[i][m][1] + xoff[1]) * s0;
             acc[i][m][2] += (part[i][m][2] + xoff[2]) * s1;
             acc[i][m][3] += (part[i][m][3] + xoff[3]) * s1;
-          } else {                                 // (no "+ 0.f": the compiler keeps it, for -0)
+          } else {   // no "+ 0.f": the compiler keeps that add (it turns -0 into +0), one FADD per value
             acc[i][m][0] += part[i][m][0] * s0;
             acc[i][m][1] += part[i][m][1] * s0;
             acc[i][m][2] += part[i][m][2] * s1;
             acc[i][m][3] += part[i][m][3] * s1;
           }
-          if (FOLD != 2) part[i][m][0] = part[i][m][1] = part[i][m][2] = part[i][m][3] = 0.f;
+          part[i][m][0] = part[i][m][1] = part[i][m][2] = part[i][m][3] = 0.f;
         }
       }
-      if (FOLD == 1) xoff[0] = xoff[1] = xoff[2] = xoff[3] = 0.f;
+      xoff[0] = xoff[1] = xoff[2] = xoff[3] = 0.f;
     }
   }
 }
@@ -228,10 +199,6 @@ __device__ __forceinline__ uint2 lds64(uint32_t addr) {
   asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(addr));
   return v;
 }
-// 4 bytes (the FOLD 2 offsets, gathered per routed row)
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
-}
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
@@ -275,13 +242,11 @@ constexpr int min_ctas() {
   return STAGES <= 6 && KSPLIT == 1 && GROUP == 128 ? 4 : 3;
 }
 
-template <int NT, bool GATED, int GROUP, int WARPS, int KSPLIT, int STAGES, int FOLD, bool XSM, bool EVEN_K, bool DENSE,
+template <int NT, bool GATED, int GROUP, int WARPS, int KSPLIT, int STAGES, bool FOLD, bool XSM, bool EVEN_K, bool DENSE,
           bool XPRE = false>
 __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT, STAGES, DENSE, XPRE>())) moe_lanes_kernel(Params p) {
   static_assert(STAGES % 2 == 0, "the activation sets alternate with the block's parity");
   static_assert(!XPRE || (DENSE && !XSM), "the preloaded activations are a dense instance's");
-  static_assert(!XPRE || FOLD != 2, "one preload behind the rings");
-  constexpr bool PRELOAD = XPRE || FOLD == 2;      // a CTA-wide copy into shared memory, then a barrier
   constexpr int MATS = GATED ? 2 : 1;
   constexpr int STREAMS = NT * MATS * 2;
   constexpr int ACC = NT * MATS * 4;              // accumulators per lane
@@ -301,7 +266,7 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
   const int kpart = warp % KSPLIT;
   const int pair0 = cgroup * NT;                  // 16-column tiles = pairs of 8-column n-tiles
   const bool active = 2 * pair0 < p.n_tiles;      // warps past the last column still meet the barrier
-  if (KSPLIT == 1 && !active && !PRELOAD) return;
+  if (KSPLIT == 1 && !active && !XPRE) return;
   // XPRE: the block's rows of a, all of K, copied once into shared memory behind the rings (8-byte
   // cp.async by every thread of the CTA, zeros past K), row stride xpre_row_bytes; the oldest cp.async group
   const uint32_t xpre = static_cast<uint32_t>(__cvta_generic_to_shared(ring + WARPS * STAGES * SLOT16));
@@ -312,18 +277,6 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
       const int r = idx / chunks, c = idx - r * chunks;
       const bool ok = EVEN_K || 4 * c < p.K;
       cp_async8(xpre + r * xstride + c * 8, p.a + (size_t)(start + r) * p.lda + (ok ? 4 * c : 0), ok ? 8 : 0);
-    }
-    cp_commit();
-  }
-  // FOLD 2: the offsets of the block's rows, all groups, gathered into [groups][8 rows] fp32 behind the
-  // rings (4-byte cp.async; rows past count are never stored, so their slots stay unwritten); lane (g, t)
-  // reads rows 2t, 2t + 1 of a group with one 8-byte load
-  const uint32_t xos = xpre;
-  if constexpr (FOLD == 2) {
-    for (int r = 0; r < count; ++r) {
-      const int ar = DENSE ? start + r : p.pairs[start + r] / p.a_row_div;
-      const float* src = p.xo + (size_t)ar * p.groups;
-      for (int gi = threadIdx.x; gi < p.groups; gi += 32 * WARPS) cp_async4(xos + (gi * 8 + r) * 4, src + gi);
     }
     cp_commit();
   }
@@ -363,7 +316,7 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
     }
     cp_commit();                                   // empty groups too: one group per block, always
   }
-  if constexpr (PRELOAD) {                          // every thread's copies have landed, then all threads'
+  if constexpr (XPRE) {                             // every thread's copies of a have landed, then all threads'
     cp_wait<STAGES - 1>();
     __syncthreads();
     if (KSPLIT == 1 && !active) return;
@@ -404,8 +357,7 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
 #pragma unroll
           for (int st = 0; st < 8; ++st) xs[j & 1].x[st] = lds64(xrow + blk * 256 + 32 * st);
         }
-        block_mma<NT, MATS, GROUP, FOLD>(w, xs[j & 1].x, xs[j & 1].sc, part, acc, xoff,
-                                         xos + blk * (128 / GROUP) * 32 + 8 * t);
+        block_mma<NT, MATS, GROUP, FOLD>(w, xs[j & 1].x, xs[j & 1].sc, part, acc, xoff);
       }
     }
   }
@@ -450,38 +402,16 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
   }
 }
 
-// The FOLD 2 instances' offsets: xo[r, gi] = -136 * (sum of a[r, gi GROUP .. gi GROUP + GROUP - 1]), zeros
-// past K, fp32; one warp per (row, group), each lane summing GROUP / 32 consecutive inputs, then a fixed
-// xor tree (the same sums every run). One launch before the stage reads them (cuda_lanes.py).
-template <int GROUP>
-__global__ void __launch_bounds__(256) group_offsets_kernel(const __nv_bfloat16* a, int lda, int K, int groups, int rows,
-                                                            float* xo) {
-  constexpr int PER = GROUP / 32;
-  const int wid = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  if (wid >= rows * groups) return;
-  const int r = wid / groups, gi = wid - r * groups;
-  const int k0 = gi * GROUP + lane * PER;
-  const __nv_bfloat16* src = a + (size_t)r * lda;
-  float v = 0.f;
-#pragma unroll
-  for (int j = 0; j < PER; ++j) v += k0 + j < K ? __bfloat162float(src[k0 + j]) : 0.f;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if (lane == 0) xo[wid] = -136.f * v;
-}
-
 }  // namespace kq_lanes
 
 // The host side of one group size's instances (moe_lanes_g*.cu): grid (ceil(n_tiles / (2 NT WARPS /
 // KSPLIT)), routed blocks), dynamic shared memory for the rings. Returns cudaGetLastError(), or -1
 // when no instance matches.
 #define KQ_LANES_TRY(NT_, GATED_, GROUP_, KSPLIT_, STAGES_, FOLD_, XSM_)                                  \
-  if (nt == NT_ && (gated != 0) == GATED_ && ksplit == KSPLIT_ && stages == STAGES_ && fold == FOLD_ &&      \
+  if (nt == NT_ && (gated != 0) == GATED_ && ksplit == KSPLIT_ && stages == STAGES_ && (fold != 0) == FOLD_ && \
       (xsm != 0) == XSM_) {                                                                              \
     constexpr int CG = kq_lanes_warps / KSPLIT_;                                                         \
-    const int SMEM = kq_lanes_warps * STAGES_ * (NT_ * (GATED_ ? 2 : 1) * 2 * 512 + (XSM_ ? kq_lanes::XSLOT_BYTES : 0)) + \
-                     (FOLD_ == 2 ? p.groups * 32 : 0);                                                   \
+    constexpr int SMEM = kq_lanes_warps * STAGES_ * (NT_ * (GATED_ ? 2 : 1) * 2 * 512 + (XSM_ ? kq_lanes::XSLOT_BYTES : 0)); \
     const dim3 grid((n_tiles + 2 * NT_ * CG - 1) / (2 * NT_ * CG), n_blocks);                            \
     if (K % 128 == 0) {                                                                                  \
       auto* k = kq_lanes::moe_lanes_kernel<NT_, GATED_, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, FOLD_, XSM_, true, false>; \
@@ -496,20 +426,16 @@ __global__ void __launch_bounds__(256) group_offsets_kernel(const __nv_bfloat16*
   }
 constexpr int kq_lanes_warps = 4;
 
-// every (NT, GATED, KSPLIT, STAGES, FOLD, XSM) a group size's file builds (FOLD 0 off, 1 the offset mma, 2 the
-// precomputed offsets); the host picks one (cuda_lanes.py)
+// every (NT, GATED, KSPLIT, STAGES, FOLD, XSM) a group size's file builds; the host picks one (cuda_lanes.py)
 #define KQ_LANES_VARIANTS(G)                                                                                    \
-  KQ_LANES_TRY(1, true, G, 1, 4, 1, false) KQ_LANES_TRY(1, true, G, 1, 6, 1, false) KQ_LANES_TRY(1, true, G, 4, 4, 1, false) \
-  KQ_LANES_TRY(2, true, G, 1, 4, 1, false) KQ_LANES_TRY(1, true, G, 1, 4, 0, false) KQ_LANES_TRY(1, true, G, 4, 4, 0, false) \
-  KQ_LANES_TRY(1, true, G, 1, 4, 2, false) KQ_LANES_TRY(2, true, G, 1, 4, 2, false) KQ_LANES_TRY(1, true, G, 4, 4, 2, false) \
-  KQ_LANES_TRY(2, false, G, 1, 4, 1, false) KQ_LANES_TRY(2, false, G, 1, 6, 1, false) KQ_LANES_TRY(2, false, G, 4, 4, 1, false) \
-  KQ_LANES_TRY(2, false, G, 1, 4, 0, false) KQ_LANES_TRY(1, false, G, 1, 4, 1, false) KQ_LANES_TRY(2, false, G, 4, 4, 0, false) \
-  KQ_LANES_TRY(2, false, G, 1, 4, 2, false) KQ_LANES_TRY(1, false, G, 1, 4, 2, false) KQ_LANES_TRY(2, false, G, 4, 4, 2, false) \
+  KQ_LANES_TRY(1, true, G, 1, 4, true, false) KQ_LANES_TRY(1, true, G, 1, 6, true, false) KQ_LANES_TRY(1, true, G, 4, 4, true, false) \
+  KQ_LANES_TRY(2, true, G, 1, 4, true, false) KQ_LANES_TRY(1, true, G, 1, 4, false, false) KQ_LANES_TRY(1, true, G, 4, 4, false, false) \
+  KQ_LANES_TRY(2, false, G, 1, 4, true, false) KQ_LANES_TRY(2, false, G, 1, 6, true, false) KQ_LANES_TRY(2, false, G, 4, 4, true, false) \
+  KQ_LANES_TRY(2, false, G, 1, 4, false, false) KQ_LANES_TRY(1, false, G, 1, 4, true, false) KQ_LANES_TRY(2, false, G, 4, 4, false, false) \
   KQ_LANES_XSM_##G
 
 // the XSM instances (gate+up, group 128 only: cuda_lanes.GATE_UP_XSM_VARIANTS); none at the other groups
-#define KQ_LANES_XSM_128 KQ_LANES_TRY(1, true, 128, 1, 4, 1, true) KQ_LANES_TRY(2, true, 128, 1, 4, 1, true) \
-  KQ_LANES_TRY(1, true, 128, 1, 4, 2, true) KQ_LANES_TRY(2, true, 128, 1, 4, 2, true)
+#define KQ_LANES_XSM_128 KQ_LANES_TRY(1, true, 128, 1, 4, true, true) KQ_LANES_TRY(2, true, 128, 1, 4, true, true)
 #define KQ_LANES_XSM_64
 #define KQ_LANES_XSM_32
 
@@ -522,8 +448,8 @@ constexpr int kq_lanes_warps = 4;
                      (XPRE_ ? (p.rows < 8 ? p.rows : 8) * kq_lanes::xpre_row_bytes(p.kb_total) : 0);     \
     const dim3 grid((p.rows + 7) / 8, (n_tiles + 2 * NT_ * CG - 1) / (2 * NT_ * CG));                    \
     auto* k = K % 128 == 0                                                                               \
-        ? kq_lanes::moe_lanes_kernel<NT_, false, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, 1, false, true, true, XPRE_>      \
-        : kq_lanes::moe_lanes_kernel<NT_, false, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, 1, false, false, true, XPRE_>;    \
+        ? kq_lanes::moe_lanes_kernel<NT_, false, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, true, false, true, true, XPRE_>   \
+        : kq_lanes::moe_lanes_kernel<NT_, false, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, true, false, false, true, XPRE_>; \
     cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);                          \
     k<<<grid, dim3(32 * kq_lanes_warps), smem, stream>>>(p);                                             \
     return static_cast<int>(cudaGetLastError());                                                         \
@@ -546,10 +472,4 @@ constexpr int kq_lanes_warps = 4;
                           int xpre, cudaStream_t stream) {                                                      \
     KQ_LANES_DENSE_VARIANTS(G)                                                                                  \
     return -1;                                                                                                  \
-  }                                                                                                             \
-  int kq_group_offsets_g##G(const __nv_bfloat16* a, int lda, int K, int groups, int rows, float* xo,           \
-                            cudaStream_t stream) {                                                              \
-    if (rows * groups > 0)                                                                                      \
-      kq_lanes::group_offsets_kernel<G><<<(rows * groups + 7) / 8, 256, 0, stream>>>(a, lda, K, groups, rows, xo); \
-    return static_cast<int>(cudaGetLastError());                                                                \
   }

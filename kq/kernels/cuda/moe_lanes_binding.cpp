@@ -6,19 +6,18 @@ int kq_moe_lanes_launch(const void* a, const void* q, const void* s, void* out, 
                         const int* blk_expert, const int* blk_start, const int* blk_count, int n_blocks,
                         int lda, int ldo, int K, int kb_total, int groups, int n_tiles, int n_tiles_all,
                         int up_tiles, int a_row_div, int gated, int group, int nt, int ksplit, int stages, int fold,
-                        int xsm, const float* xo, void* stream);
+                        int xsm, void* stream);
 
-// a [rows, K] bf16, q lane words [E, tiles, KB, 8, 4, 4], s scales [E, tiles, 8, G], out [rows_out, N];
-// xo [rows, G] fp32 (fold 2: group_offsets of a; otherwise unread, any tensor)
+// a [rows, K] bf16, q lane words [E, tiles, KB, 8, 4, 4], s scales [E, tiles, 8, G], out [rows_out, N]
 int64_t launch(torch::Tensor a, torch::Tensor q, torch::Tensor s, torch::Tensor out, torch::Tensor pairs,
                torch::Tensor be, torch::Tensor bs, torch::Tensor bc, int64_t K, int64_t n_tiles,
                int64_t n_tiles_all, int64_t up_tiles, int64_t a_row_div, int64_t gated, int64_t group,
-               int64_t nt, int64_t ksplit, int64_t stages, int64_t fold, int64_t xsm, torch::Tensor xo) {
+               int64_t nt, int64_t ksplit, int64_t stages, int64_t fold, int64_t xsm) {
   return kq_moe_lanes_launch(a.data_ptr(), q.data_ptr(), s.data_ptr(), out.data_ptr(), pairs.data_ptr<int>(),
                              be.data_ptr<int>(), bs.data_ptr<int>(), bc.data_ptr<int>(), be.numel(),
                              a.stride(0), out.stride(0), K, q.size(2), s.size(3), n_tiles, n_tiles_all,
                              up_tiles, a_row_div, gated, group, nt, ksplit, stages, fold, xsm,
-                             fold == 2 ? xo.data_ptr<float>() : nullptr, at::cuda::getCurrentCUDAStream().stream());
+                             at::cuda::getCurrentCUDAStream().stream());
 }
 
 int kq_dense_lanes_launch(const void* a, const void* q, const void* s, void* out, int rows, int lda, int ldo,
@@ -33,16 +32,7 @@ int64_t launch_dense(torch::Tensor a, torch::Tensor q, torch::Tensor s, torch::T
                                xpre, at::cuda::getCurrentCUDAStream().stream());
 }
 
-int kq_group_offsets_launch(const void* a, int lda, int K, int groups, int rows, void* xo, int group, void* stream);
-
-// xo [rows, G] fp32 = -136 * the sums of a [rows, K] bf16 over each group of K (zeros past K)
-int64_t group_offsets(torch::Tensor a, torch::Tensor xo, int64_t K, int64_t group) {
-  return kq_group_offsets_launch(a.data_ptr(), a.stride(0), K, xo.size(1), xo.size(0), xo.data_ptr<float>(), group,
-                                 at::cuda::getCurrentCUDAStream().stream());
-}
-
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("launch", &launch, "kq decode MoE stage (lane layout)");
-  m.def("group_offsets", &group_offsets, "the FOLD 2 instances' per-group offsets");
   m.def("launch_dense", &launch_dense, "kq W4A16 linear for few rows (lane layout)");
 }

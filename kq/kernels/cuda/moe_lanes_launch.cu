@@ -8,21 +8,17 @@ int kq_moe_lanes_g32(const kq_lanes::Params&, int, int, int, int, int, int, int,
 int kq_dense_lanes_g128(const kq_lanes::Params&, int, int, int, int, int, int, cudaStream_t);
 int kq_dense_lanes_g64(const kq_lanes::Params&, int, int, int, int, int, int, cudaStream_t);
 int kq_dense_lanes_g32(const kq_lanes::Params&, int, int, int, int, int, int, cudaStream_t);
-int kq_group_offsets_g128(const __nv_bfloat16*, int, int, int, int, float*, cudaStream_t);
-int kq_group_offsets_g64(const __nv_bfloat16*, int, int, int, int, float*, cudaStream_t);
-int kq_group_offsets_g32(const __nv_bfloat16*, int, int, int, int, float*, cudaStream_t);
 
 // returns cudaGetLastError() of the launch, or -1 when no instance matches (n_tiles must be even)
 int kq_moe_lanes_launch(const void* a, const void* q, const void* s, void* out, const int* pairs,
                         const int* blk_expert, const int* blk_start, const int* blk_count, int n_blocks,
                         int lda, int ldo, int K, int kb_total, int groups, int n_tiles, int n_tiles_all,
                         int up_tiles, int a_row_div, int gated, int group, int nt, int ksplit, int stages, int fold,
-                        int xsm, const float* xo, void* stream) {
+                        int xsm, void* stream) {
   const kq_lanes::Params p{static_cast<const __nv_bfloat16*>(a), static_cast<const int4*>(q),
                            static_cast<const __nv_bfloat16*>(s), static_cast<__nv_bfloat16*>(out), pairs,
                            blk_expert, blk_start, blk_count, lda, ldo, K, kb_total, groups, n_tiles,
-                           n_tiles_all, up_tiles, a_row_div, 0, xo};
-  if (fold == 2 && xo == nullptr) return -1;
+                           n_tiles_all, up_tiles, a_row_div, 0};
   if (n_tiles % 2) return -1;
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   switch (group) {
@@ -40,26 +36,13 @@ int kq_dense_lanes_launch(const void* a, const void* q, const void* s, void* out
   const kq_lanes::Params p{static_cast<const __nv_bfloat16*>(a), static_cast<const int4*>(q),
                            static_cast<const __nv_bfloat16*>(s), static_cast<__nv_bfloat16*>(out), nullptr,
                            nullptr, nullptr, nullptr, lda, ldo, K, kb_total, groups, n_tiles,
-                           n_tiles, 0, 1, rows, nullptr};
+                           n_tiles, 0, 1, rows};
   if (n_tiles % 2 || rows <= 0) return -1;
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   switch (group) {
     case 128: return kq_dense_lanes_g128(p, K, n_tiles, nt, ksplit, stages, xpre, st);
     case 64: return kq_dense_lanes_g64(p, K, n_tiles, nt, ksplit, stages, xpre, st);
     case 32: return kq_dense_lanes_g32(p, K, n_tiles, nt, ksplit, stages, xpre, st);
-    default: return -1;
-  }
-}
-
-// xo [rows, groups] fp32 = -136 * the group sums of a [rows, K] bf16: the FOLD 2 instances' offsets
-int kq_group_offsets_launch(const void* a, int lda, int K, int groups, int rows, void* xo, int group, void* stream) {
-  const auto* x = static_cast<const __nv_bfloat16*>(a);
-  auto* o = static_cast<float*>(xo);
-  const cudaStream_t st = static_cast<cudaStream_t>(stream);
-  switch (group) {
-    case 128: return kq_group_offsets_g128(x, lda, K, groups, rows, o, st);
-    case 64: return kq_group_offsets_g64(x, lda, K, groups, rows, o, st);
-    case 32: return kq_group_offsets_g32(x, lda, K, groups, rows, o, st);
     default: return -1;
   }
 }
