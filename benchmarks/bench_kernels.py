@@ -26,6 +26,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 import traceback
 
 import torch
@@ -41,6 +42,9 @@ ROWS: list[dict] = []
 
 
 def log(row: dict) -> None:
+    """One result row; "t" (Unix seconds, when it was logged) lets benchmarks/clock_rows.py put the GPU's
+    clocks and power beside it."""
+    row = {**row, "t": round(time.time(), 3)}
     ROWS.append(row)
     print(json.dumps(row), flush=True)
 

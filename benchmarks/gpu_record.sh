@@ -8,7 +8,7 @@
 #    SGLang's FP8 MoE at 1/16/64 tokens, groups 128 and 32, with the dense rows), and with NCU=1
 #    Nsight Compute on the lane kernel's picked instances (benchmarks/ncu_lanes.py);
 #  - then Marlin's rows in a second process (the routings are seeded per case: the same ones).
-#  - the GPU's clocks meanwhile ($R/clocks.csv, nvidia-smi every 200 ms), summarised at the end.
+#  - the GPU's clocks meanwhile ($R/clocks.csv, nvidia-smi every 100 ms), summarised at the end, and per row (benchmarks/clock_rows.py).
 # carry: .whl-slim .gpu        results: $OUT/rec.tgz (and $OUT/rec/sgl_jit.tgz when it was built here)
 source benchmarks/gpu_common.sh rec
 export SGLANG_JIT_CACHE_DIR=/tmp/sgl_jit
@@ -16,10 +16,10 @@ mkdir -p "$SGLANG_JIT_CACHE_DIR"
 [ -f .gpu/sgl_jit.tgz ] && tar xzf .gpu/sgl_jit.tgz -C "$SGLANG_JIT_CACHE_DIR" && echo "marlin cache unpacked"
 timeout "${MARLIN_WARM_TIMEOUT:-480}" python3 benchmarks/bench_kernels.py --warm-marlin > "$R/marlin_warm.log" 2>&1 &
 W=$!
-# the GPU's clocks, power, temperature and throttle reasons every 200 ms while the rows run (the same
+# the GPU's clocks, power, temperature and throttle reasons every 100 ms while the rows run (the same
 # instance's time moved by 5-11 % between two rounds of one process in the tenth session's first call)
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
-  --format=csv -lms 200 > "$R/clocks.csv" 2>&1 &
+  --format=csv -lms 100 > "$R/clocks.csv" 2>&1 &
 C=$!
 [ "${SKIP_TESTS:-0}" = 1 ] || kernel_tests
 decode_rows
@@ -43,6 +43,7 @@ if rows:
           f"power W max {max(pw) if pw else '?'}, throttle reasons {dict(collections.Counter(r[5] for r in rows))}")
 PY
 python3 benchmarks/kernel_table.py "$R/decode.log" "$R/marlin.log"
+python3 benchmarks/clock_rows.py "$R/decode.log" "$R/clocks.csv" > "$R/clock_rows.txt" 2>&1; grep -E "glm52 \| (16|64)" "$R/clock_rows.txt"
 grep -iE "Traceback|error" "$R"/*.log | head -5
 [ -f .gpu/sgl_jit.tgz ] || tar czf "$OUT/sgl_jit.tgz" -C "$SGLANG_JIT_CACHE_DIR" . && ls -la "$OUT"
 tar czf "$OUT/rec.tgz" -C "$OUT" rec && rm -rf "$R"
