@@ -2,7 +2,7 @@
 # One lent H200 (nvidia-h200), one call, the eighth and ninth sessions' probes; STEPS picks them (default:
 # the eighth's five):
 #  tests   the lane kernel's dense GPU tests (the XPRE instances among them);
-#  ab      benchmarks/lanes_ab.py with AB_VARIANTS (default base) on the cases AB_CASES (default g32);
+#  ab      benchmarks/lanes_ab.py with AB_VARIANTS (default base) on the cases AB_CASES (default g32), AB_ROUNDS rounds;
 #  dense   lanes_ab: every dense instance on 12288x6144 and 4096x7168 at M = DENSE_M (default 1,2,8);
 #  tiles   benchmarks/dense_tiles_probe.py at M = 64 (Triton tile configs, tiles layout);
 #  nov3    the same with DISABLE_MMA_V3=1 (Triton's mma.sync at 64-row tiles; a probe, not a setting);
@@ -50,7 +50,7 @@ if has lanestests; then
   echo "lanes tests done after $(( $(date +%s) - T0 )) s"
 fi
 has moeinst && lanes_ab moeinst --variants base --all-instances --cases glm52,kimi
-has ab && lanes_ab ab --variants "${AB_VARIANTS:-base}" --cases "${AB_CASES:-g32}"
+has ab && lanes_ab ab --variants "${AB_VARIANTS:-base}" --cases "${AB_CASES:-g32}" ${AB_ROUNDS:+--rounds "$AB_ROUNDS"}
 has dense && lanes_ab ab_dense --variants base --all-instances --cases dense --dense-m "${DENSE_M:-1,2,8}"
 tiles() {   # $1 = file stem; the environment picks Triton's MMA
   timeout 150 python3 benchmarks/dense_tiles_probe.py --m 64 > "$R/$1.jsonl" 2> "$R/$1.err"
