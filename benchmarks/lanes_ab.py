@@ -33,8 +33,6 @@ from kq.kernels import triton_ops as kops  # noqa: E402
 # activations through the ring became the XSM instances)
 DEFINES = {
     "base": [],
-    # tenth session: the activation loads of rows past a block's count zeroed (predicated), as before
-    "zerorows": ["-DKQ_X_ZERO_PAST_COUNT"],
 }
 MOE_CASES = [("glm52", 1, 128), ("glm52", 16, 128), ("glm52", 16, 32), ("glm52", 64, 32),
              ("kimi_tp8", 16, 128), ("kimi_tp8", 16, 32), ("kimi_tp8", 64, 128), ("kimi_tp8", 64, 32),

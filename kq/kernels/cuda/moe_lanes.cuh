@@ -147,8 +147,7 @@ constexpr int XSLOT_BYTES = 2048;
 
 // The activations and scales of one 128-input block, in registers (two sets: the next block's are
 // loaded while this one is multiplied): one 8-byte load per step (token g's inputs 16 step + 4t .. +3,
-// zero past K unless EVEN_K; lanes of rows past the block's count load row 0's) and one 2-, 4- or 8-byte
-// load of each column's scales.
+// zero past K unless EVEN_K) and one 2-, 4- or 8-byte load of each column's scales.
 template <int NT, int MATS>
 struct XS {
   uint2 x[8];
@@ -178,12 +177,7 @@ __device__ __forceinline__ void load_xs(XS<NT, MATS>& s, const __nv_bfloat16* co
 #pragma unroll
     for (int st = 0; st < 8; ++st) {
       const int k = kb * 128 + 16 * st;            // + 4t inside xr; K4 = K - 4t
-#ifdef KQ_X_ZERO_PAST_COUNT                         // the eighth session's loads (benchmarks/lanes_ab.py "zerorows")
       const bool ok = vr && (EVEN_K || k < K4);
-#else      // rows past the block's count read row 0 (xr points there) rather than zeros: a B column only
-           // reaches its own output column, which is never stored, and the loads need no predicate
-      const bool ok = EVEN_K || k < K4;
-#endif
       s.x[st] = ok ? __ldg(reinterpret_cast<const uint2*>(xr + k)) : make_uint2(0, 0);
     }
   }
