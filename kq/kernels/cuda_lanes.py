@@ -73,7 +73,12 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: in
       64.9; 64 tokens: 143.6 against 151.5; GLM-5.2 16 tokens, ten waves: 327.1 against 326.0, so not
       there);
     - gate+up otherwise: two tile pairs per warp when one pair per warp would spill just past one
-      wave and two fit in it (Kimi TP-8, 16 tokens, group 32: 72.4-72.8 against 83.9-84.5 us); FOLD
+      wave and two fit in it (Kimi TP-8, 16 tokens, group 32: 72.4-72.8 against 83.9-84.5 us), and past
+      twelve waves (GLM-5.2, 64 tokens: 20.7 / 15.5 waves at group 32 / 128; in the seven decode tables
+      of the eighth to tenth sessions, benchmarks/results/h200/kernels_s{8,9,10}_decode_*.jsonl, two pairs
+      ran group 32 1-5 % faster in all seven, 811.5-902.2 against 853.7-910.8 us, and group 128 0.8 %
+      faster on average, faster in four, level in one, 0.4-0.8 % slower in two; at 16 tokens, 7.8 /
+      10.3 waves, one pair is as fast or faster; above decode sizes, unmeasured, one pair as before); FOLD
       off up to four waves of warps (GLM-5.2, 1 token: 33.6-34.0 against 36.8-36.9 us at group 128,
       39.3-39.7 against 41.2-41.7 at 32; since FOLD off lost its idle per-group add, tenth session,
       benchmarks/results/h200/lanes_ab_s10_call1_fold2_833fe7d.jsonl: Kimi TP-8 64 tokens group 32, 3.9
@@ -91,7 +96,9 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: in
         if XSM_RESIDENT[1] < warps <= 2 * XSM_RESIDENT[2]:
             return 2, 1, 4, True, True
         return 1, 1, 4, True, True
-    if gated and resident < warps <= 2 * resident:
+    # measured at decode sizes only (moe_routing.decode_size: <= 4 pairs per expert; not imported, it needs triton)
+    past_12_waves = warps > 12 * resident and pairs <= 4 * experts
+    if gated and (resident < warps <= 2 * resident or past_12_waves):
         nt, warps = 2, warps // 2
     ks = split(warps)
     fold = gated and not (nt == 1 and warps <= 4 * resident)
