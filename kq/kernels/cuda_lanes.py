@@ -22,17 +22,17 @@ _SRC = Path(__file__).with_name("cuda")
 _SOURCES = ["moe_lanes_binding.cpp", "moe_lanes_launch.cu", "moe_lanes_g128.cu", "moe_lanes_g64.cu", "moe_lanes_g32.cu"]
 # (NT, KSPLIT, STAGES, FOLD) instances every group size's file builds (moe_lanes.cuh KQ_LANES_VARIANTS)
 GATE_UP_VARIANTS = [(1, 1, 4, True), (1, 1, 6, True), (1, 4, 4, True), (2, 1, 4, True), (1, 1, 4, False),
-                    (1, 4, 4, False)]
+                    (1, 4, 4, False), (1, 8, 4, False)]
 # gate+up instances whose activations go through the shared-memory ring too (XSM: 5-tuples ending in True),
 # group 128 only (moe_lanes.cuh KQ_LANES_XSM_128)
 GATE_UP_XSM_VARIANTS = [(1, 1, 4, True, True), (2, 1, 4, True, True)]
 DOWN_VARIANTS = [(2, 1, 4, True), (2, 1, 6, True), (2, 4, 4, True), (2, 1, 4, False), (1, 1, 4, True),
-                 (2, 4, 4, False)]
+                 (2, 4, 4, False), (2, 8, 4, False)]
 # (NT, KSPLIT, STAGES) of the dense instances (one matrix, no routing; FOLD on): KQ_LANES_DENSE_VARIANTS;
 # 4-tuples ending in True: XPRE, the block's activation rows preloaded into shared memory once (for a few
 # rows: min(8, rows) x K x 2 bytes per CTA), which frees the registers of the activation sets
 DENSE_VARIANTS = [(1, 1, 4), (2, 1, 4), (1, 2, 4), (2, 2, 4), (1, 4, 4), (2, 4, 4), (2, 4, 6), (2, 4, 8), (2, 2, 8),
-                  (1, 4, 4, True), (1, 2, 4, True), (2, 4, 4, True)]
+                  (1, 4, 4, True), (1, 2, 4, True), (2, 4, 4, True), (1, 8, 4, True), (2, 8, 4, True)]
 # pick_dense takes XPRE up to this many rows, while they take at most XPRE_MAX_BYTES of shared memory
 # per CTA (beside the ring: a K of 16k inputs at 2 rows; a row takes moe_lanes.cuh's xpre_row_bytes)
 XPRE_MAX_ROWS, XPRE_MAX_BYTES = 2, 64 << 10

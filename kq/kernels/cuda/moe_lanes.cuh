@@ -244,7 +244,8 @@ constexpr int min_ctas() {
 
 template <int NT, bool GATED, int GROUP, int WARPS, int KSPLIT, int STAGES, bool FOLD, bool XSM, bool EVEN_K, bool DENSE,
           bool XPRE = false>
-__global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT, STAGES, DENSE, XPRE>())) moe_lanes_kernel(Params p) {
+__global__ void __launch_bounds__(32 * WARPS, (WARPS > 4 ? 1 : min_ctas<NT, GATED, GROUP, KSPLIT, STAGES, DENSE, XPRE>()))
+    moe_lanes_kernel(Params p) {
   static_assert(STAGES % 2 == 0, "the activation sets alternate with the block's parity");
   static_assert(!XPRE || (DENSE && !XSM), "the preloaded activations are a dense instance's");
   constexpr int MATS = GATED ? 2 : 1;
@@ -410,17 +411,18 @@ __global__ void __launch_bounds__(32 * WARPS, (min_ctas<NT, GATED, GROUP, KSPLIT
 #define KQ_LANES_TRY(NT_, GATED_, GROUP_, KSPLIT_, STAGES_, FOLD_, XSM_)                                  \
   if (nt == NT_ && (gated != 0) == GATED_ && ksplit == KSPLIT_ && stages == STAGES_ && (fold != 0) == FOLD_ && \
       (xsm != 0) == XSM_) {                                                                              \
-    constexpr int CG = kq_lanes_warps / KSPLIT_;                                                         \
-    constexpr int SMEM = kq_lanes_warps * STAGES_ * (NT_ * (GATED_ ? 2 : 1) * 2 * 512 + (XSM_ ? kq_lanes::XSLOT_BYTES : 0)); \
+    constexpr int W_ = KSPLIT_ > kq_lanes_warps ? KSPLIT_ : kq_lanes_warps;   /* KSPLIT 8: 8 warps a CTA */ \
+    constexpr int CG = W_ / KSPLIT_;                                                                     \
+    constexpr int SMEM = W_ * STAGES_ * (NT_ * (GATED_ ? 2 : 1) * 2 * 512 + (XSM_ ? kq_lanes::XSLOT_BYTES : 0)); \
     const dim3 grid((n_tiles + 2 * NT_ * CG - 1) / (2 * NT_ * CG), n_blocks);                            \
     if (K % 128 == 0) {                                                                                  \
-      auto* k = kq_lanes::moe_lanes_kernel<NT_, GATED_, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, FOLD_, XSM_, true, false>; \
+      auto* k = kq_lanes::moe_lanes_kernel<NT_, GATED_, GROUP_, W_, KSPLIT_, STAGES_, FOLD_, XSM_, true, false>; \
       cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);                        \
-      k<<<grid, dim3(32 * kq_lanes_warps), SMEM, stream>>>(p);                                           \
+      k<<<grid, dim3(32 * W_), SMEM, stream>>>(p);                                           \
     } else {                                                                                             \
-      auto* k = kq_lanes::moe_lanes_kernel<NT_, GATED_, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, FOLD_, XSM_, false, false>; \
+      auto* k = kq_lanes::moe_lanes_kernel<NT_, GATED_, GROUP_, W_, KSPLIT_, STAGES_, FOLD_, XSM_, false, false>; \
       cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);                        \
-      k<<<grid, dim3(32 * kq_lanes_warps), SMEM, stream>>>(p);                                           \
+      k<<<grid, dim3(32 * W_), SMEM, stream>>>(p);                                           \
     }                                                                                                    \
     return static_cast<int>(cudaGetLastError());                                                         \
   }
@@ -432,6 +434,7 @@ constexpr int kq_lanes_warps = 4;
   KQ_LANES_TRY(2, true, G, 1, 4, true, false) KQ_LANES_TRY(1, true, G, 1, 4, false, false) KQ_LANES_TRY(1, true, G, 4, 4, false, false) \
   KQ_LANES_TRY(2, false, G, 1, 4, true, false) KQ_LANES_TRY(2, false, G, 1, 6, true, false) KQ_LANES_TRY(2, false, G, 4, 4, true, false) \
   KQ_LANES_TRY(2, false, G, 1, 4, false, false) KQ_LANES_TRY(1, false, G, 1, 4, true, false) KQ_LANES_TRY(2, false, G, 4, 4, false, false) \
+  KQ_LANES_TRY(1, true, G, 8, 4, false, false) KQ_LANES_TRY(2, false, G, 8, 4, false, false)                        \
   KQ_LANES_XSM_##G
 
 // the XSM instances (gate+up, group 128 only: cuda_lanes.GATE_UP_XSM_VARIANTS); none at the other groups
@@ -443,15 +446,16 @@ constexpr int kq_lanes_warps = 4;
 // block (min(8, rows)) preloaded into shared memory behind the rings
 #define KQ_LANES_DENSE_TRY(NT_, GROUP_, KSPLIT_, STAGES_, XPRE_)                                          \
   if (nt == NT_ && ksplit == KSPLIT_ && stages == STAGES_ && (xpre != 0) == XPRE_) {                     \
-    constexpr int CG = kq_lanes_warps / KSPLIT_;                                                         \
-    const int smem = kq_lanes_warps * STAGES_ * NT_ * 2 * 512 +                                          \
+    constexpr int W_ = KSPLIT_ > kq_lanes_warps ? KSPLIT_ : kq_lanes_warps;   /* KSPLIT 8: 8 warps a CTA */ \
+    constexpr int CG = W_ / KSPLIT_;                                                                     \
+    const int smem = W_ * STAGES_ * NT_ * 2 * 512 +                                          \
                      (XPRE_ ? (p.rows < 8 ? p.rows : 8) * kq_lanes::xpre_row_bytes(p.kb_total) : 0);     \
     const dim3 grid((p.rows + 7) / 8, (n_tiles + 2 * NT_ * CG - 1) / (2 * NT_ * CG));                    \
     auto* k = K % 128 == 0                                                                               \
-        ? kq_lanes::moe_lanes_kernel<NT_, false, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, true, false, true, true, XPRE_>   \
-        : kq_lanes::moe_lanes_kernel<NT_, false, GROUP_, kq_lanes_warps, KSPLIT_, STAGES_, true, false, false, true, XPRE_>; \
+        ? kq_lanes::moe_lanes_kernel<NT_, false, GROUP_, W_, KSPLIT_, STAGES_, true, false, true, true, XPRE_>   \
+        : kq_lanes::moe_lanes_kernel<NT_, false, GROUP_, W_, KSPLIT_, STAGES_, true, false, false, true, XPRE_>; \
     cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);                          \
-    k<<<grid, dim3(32 * kq_lanes_warps), smem, stream>>>(p);                                             \
+    k<<<grid, dim3(32 * W_), smem, stream>>>(p);                                             \
     return static_cast<int>(cudaGetLastError());                                                         \
   }
 
@@ -460,7 +464,8 @@ constexpr int kq_lanes_warps = 4;
   KQ_LANES_DENSE_TRY(1, G, 1, 4, false) KQ_LANES_DENSE_TRY(2, G, 1, 4, false) KQ_LANES_DENSE_TRY(1, G, 2, 4, false) \
   KQ_LANES_DENSE_TRY(2, G, 2, 4, false) KQ_LANES_DENSE_TRY(1, G, 4, 4, false) KQ_LANES_DENSE_TRY(2, G, 4, 4, false) \
   KQ_LANES_DENSE_TRY(2, G, 4, 6, false) KQ_LANES_DENSE_TRY(2, G, 4, 8, false) KQ_LANES_DENSE_TRY(2, G, 2, 8, false) \
-  KQ_LANES_DENSE_TRY(1, G, 4, 4, true) KQ_LANES_DENSE_TRY(1, G, 2, 4, true) KQ_LANES_DENSE_TRY(2, G, 4, 4, true)
+  KQ_LANES_DENSE_TRY(1, G, 4, 4, true) KQ_LANES_DENSE_TRY(1, G, 2, 4, true) KQ_LANES_DENSE_TRY(2, G, 4, 4, true) \
+  KQ_LANES_DENSE_TRY(1, G, 8, 4, true) KQ_LANES_DENSE_TRY(2, G, 8, 4, true)
 
 #define KQ_LANES_ENTRY(G)                                                                                       \
   int kq_moe_lanes_g##G(const kq_lanes::Params& p, int n_blocks, int K, int n_tiles, int gated, int nt,         \
