@@ -1,5 +1,7 @@
 """The CUDA lane-layout kernel (kq/kernels/cuda_lanes.py: MoE stages, dense linear) against the
 torch reference on a GPU."""
+import itertools
+
 import pytest
 import torch
 
@@ -54,7 +56,8 @@ def _weights(e, n, k, group, gen):
     return pack_checkpoint_nibbles(nib), s, (nib.double() - 8) * s.double().repeat_interleave(group, dim=2)
 
 
-@pytest.mark.parametrize("variants", list(zip(lanes.GATE_UP_VARIANTS, lanes.DOWN_VARIANTS)))
+@pytest.mark.parametrize("variants", [(g or lanes.GATE_UP_VARIANTS[0], d or lanes.DOWN_VARIANTS[0]) for g, d in
+                                      itertools.zip_longest(lanes.GATE_UP_VARIANTS, lanes.DOWN_VARIANTS)])
 @pytest.mark.parametrize("group", [128, 64, 32])
 def test_every_instance_matches_float64(variants, group):
     """Both stages, each (NT, KSPLIT, STAGES, FOLD) instance: K of 5 and 3 blocks (not a multiple of either),

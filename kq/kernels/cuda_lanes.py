@@ -20,19 +20,20 @@ from .layout import PrepackedLinear, PrepackedMoE
 
 _SRC = Path(__file__).with_name("cuda")
 _SOURCES = ["moe_lanes_binding.cpp", "moe_lanes_launch.cu", "moe_lanes_g128.cu", "moe_lanes_g64.cu", "moe_lanes_g32.cu"]
-# (NT, KSPLIT, STAGES, FOLD) instances every group size's file builds (moe_lanes.cuh KQ_LANES_VARIANTS)
+# (NT, KSPLIT, STAGES, FOLD) instances every group size's file builds (moe_lanes.cuh KQ_LANES_VARIANTS); KSPLIT 8
+# runs 8 warps a CTA (the others 4)
 GATE_UP_VARIANTS = [(1, 1, 4, True), (1, 1, 6, True), (1, 4, 4, True), (2, 1, 4, True), (1, 1, 4, False),
                     (1, 4, 4, False), (1, 8, 4, False)]
 # gate+up instances whose activations go through the shared-memory ring too (XSM: 5-tuples ending in True),
 # group 128 only (moe_lanes.cuh KQ_LANES_XSM_128)
 GATE_UP_XSM_VARIANTS = [(1, 1, 4, True, True), (2, 1, 4, True, True)]
 DOWN_VARIANTS = [(2, 1, 4, True), (2, 1, 6, True), (2, 4, 4, True), (2, 1, 4, False), (1, 1, 4, True),
-                 (2, 4, 4, False), (2, 8, 4, False)]
+                 (2, 4, 4, False)]
 # (NT, KSPLIT, STAGES) of the dense instances (one matrix, no routing; FOLD on): KQ_LANES_DENSE_VARIANTS;
 # 4-tuples ending in True: XPRE, the block's activation rows preloaded into shared memory once (for a few
 # rows: min(8, rows) x K x 2 bytes per CTA), which frees the registers of the activation sets
 DENSE_VARIANTS = [(1, 1, 4), (2, 1, 4), (1, 2, 4), (2, 2, 4), (1, 4, 4), (2, 4, 4), (2, 4, 6), (2, 4, 8), (2, 2, 8),
-                  (1, 4, 4, True), (1, 2, 4, True), (2, 4, 4, True), (1, 8, 4, True), (2, 8, 4, True)]
+                  (1, 4, 4, True), (1, 2, 4, True), (2, 4, 4, True)]
 # pick_dense takes XPRE up to this many rows, while they take at most XPRE_MAX_BYTES of shared memory
 # per CTA (beside the ring: a K of 16k inputs at 2 rows; a row takes moe_lanes.cuh's xpre_row_bytes)
 XPRE_MAX_ROWS, XPRE_MAX_BYTES = 2, 64 << 10
@@ -66,7 +67,10 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: in
     kernels_s5_0242e99.jsonl, kernels_s6_79490cf.jsonl, kernels_s6_decode_dd9b8b5.jsonl, and the seventh
     session's lanes_ab rows, lanes_ab_s7_6885996.jsonl):
     - split K 4 ways when fewer than half a wave of warps would be resident and each keeps >= 4
-      blocks (Kimi TP-8 at 1 token: 12.4 against 31 us);
+      blocks (Kimi TP-8 at 1 token: 12.4 against 31 us); for gate+up 8 ways (8-warp CTAs) where the 8-way
+      split still fits one wave (Kimi TP-8 at 1 token, 128 one-pair warps: 10.0-10.2 against 12.0-12.1 us
+      at group 128, 10.7 against 12.6 at 32; tenth session, h200/lanes_ab_s10_call7_k8_a581af0.jsonl; the
+      down stage's 8-way instance was 1.8-4x slower wherever it ran, and is not built);
     - gate+up at group 128, up to about four waves of one-pair warps: the XSM instances (activations
       through the ring), two tile pairs per warp where one pair per warp would just not fit one wave
       of them but two do (GLM-5.2 1 token: 32.1 against 33.7 us; Kimi TP-8 16 tokens: 60.0 against
@@ -89,7 +93,10 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: in
       20.6 / 193.6 / 415.5 against 21.3 / 198.7 / 424.5, Kimi TP-8 16 / 64 tokens 55.6 / 144.9 against
       56.1 / 146.6, 1 token 8.6 both)."""
     resident = 132 * 16 if group == 128 else SMS_WARPS      # 120 registers at group 128, up to 168 below
-    split = lambda w: 4 if w < SMS_WARPS // 2 and kb >= 16 else 1    # noqa: E731
+    def split(w):                # 8 ways (8-warp CTAs) where that still fits one wave, each part >= 4 blocks
+        if gated and 8 * w <= SMS_WARPS and kb >= 32:
+            return 8
+        return 4 if w < SMS_WARPS // 2 and kb >= 16 else 1
     nt = 1 if gated else 2
     warps = min(pairs, experts) * -(-n_tiles // (2 * nt))
     if gated and group == 128 and split(warps) == 1 and warps <= 4 * XSM_RESIDENT[1]:

@@ -434,7 +434,7 @@ constexpr int kq_lanes_warps = 4;
   KQ_LANES_TRY(2, true, G, 1, 4, true, false) KQ_LANES_TRY(1, true, G, 1, 4, false, false) KQ_LANES_TRY(1, true, G, 4, 4, false, false) \
   KQ_LANES_TRY(2, false, G, 1, 4, true, false) KQ_LANES_TRY(2, false, G, 1, 6, true, false) KQ_LANES_TRY(2, false, G, 4, 4, true, false) \
   KQ_LANES_TRY(2, false, G, 1, 4, false, false) KQ_LANES_TRY(1, false, G, 1, 4, true, false) KQ_LANES_TRY(2, false, G, 4, 4, false, false) \
-  KQ_LANES_TRY(1, true, G, 8, 4, false, false) KQ_LANES_TRY(2, false, G, 8, 4, false, false)                        \
+  KQ_LANES_TRY(1, true, G, 8, 4, false, false)                                                                     \
   KQ_LANES_XSM_##G
 
 // the XSM instances (gate+up, group 128 only: cuda_lanes.GATE_UP_XSM_VARIANTS); none at the other groups
@@ -464,8 +464,7 @@ constexpr int kq_lanes_warps = 4;
   KQ_LANES_DENSE_TRY(1, G, 1, 4, false) KQ_LANES_DENSE_TRY(2, G, 1, 4, false) KQ_LANES_DENSE_TRY(1, G, 2, 4, false) \
   KQ_LANES_DENSE_TRY(2, G, 2, 4, false) KQ_LANES_DENSE_TRY(1, G, 4, 4, false) KQ_LANES_DENSE_TRY(2, G, 4, 4, false) \
   KQ_LANES_DENSE_TRY(2, G, 4, 6, false) KQ_LANES_DENSE_TRY(2, G, 4, 8, false) KQ_LANES_DENSE_TRY(2, G, 2, 8, false) \
-  KQ_LANES_DENSE_TRY(1, G, 4, 4, true) KQ_LANES_DENSE_TRY(1, G, 2, 4, true) KQ_LANES_DENSE_TRY(2, G, 4, 4, true) \
-  KQ_LANES_DENSE_TRY(1, G, 8, 4, true) KQ_LANES_DENSE_TRY(2, G, 8, 4, true)
+  KQ_LANES_DENSE_TRY(1, G, 4, 4, true) KQ_LANES_DENSE_TRY(1, G, 2, 4, true) KQ_LANES_DENSE_TRY(2, G, 4, 4, true)
 
 #define KQ_LANES_ENTRY(G)                                                                                       \
   int kq_moe_lanes_g##G(const kq_lanes::Params& p, int n_blocks, int K, int n_tiles, int gated, int nt,         \
