@@ -70,7 +70,7 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: in
       blocks (Kimi TP-8 at 1 token: 12.4 against 31 us); for gate+up 8 ways (8-warp CTAs) where the 8-way
       split still fits one wave (Kimi TP-8 at 1 token, 128 one-pair warps: 10.0-10.2 against 12.0-12.1 us
       at group 128, 10.7 against 12.6 at 32; tenth session, h200/lanes_ab_s10_call7_k8_a581af0.jsonl; the
-      down stage's 8-way instance was 1.8-4x slower wherever it ran, and is not built);
+      down stage's 8-way instance was 1.9-9x slower wherever it ran, and is not built);
     - gate+up at group 128, up to about four waves of one-pair warps: the XSM instances (activations
       through the ring), two tile pairs per warp where one pair per warp would just not fit one wave
       of them but two do (GLM-5.2 1 token: 32.1 against 33.7 us; Kimi TP-8 16 tokens: 60.0 against
