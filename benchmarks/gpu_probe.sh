@@ -12,7 +12,8 @@
 #  ncuswap Nsight Compute on swap_kernel's default config at 48 and 64 rows (benchmarks/ncu_swap.py).
 # Tenth session:
 #  lanestests  all of tests/test_kernels_lanes_gpu.py;
-#  moeinst every MoE instance of both stages (lanes_ab --all-instances, two rounds) on lanes_ab's MoE cases.
+#  moeinst every MoE instance of both stages (lanes_ab --all-instances, two rounds) on lanes_ab's MoE cases
+#          (MOEINST_CASES, default glm52,kimi).
 # carry: .whl-slim .gpu        results: $OUT/probe.tgz
 source benchmarks/gpu_common.sh probe
 export MAX_JOBS=16
@@ -49,7 +50,7 @@ if has lanestests; then
     > "$R/pytest_lanes.log" 2>&1; tail -1 "$R/pytest_lanes.log"; grep FAILED "$R/pytest_lanes.log" | head
   echo "lanes tests done after $(( $(date +%s) - T0 )) s"
 fi
-has moeinst && lanes_ab moeinst --variants base --all-instances --cases glm52,kimi
+has moeinst && lanes_ab moeinst --variants base --all-instances --cases "${MOEINST_CASES:-glm52,kimi}"
 has ab && lanes_ab ab --variants "${AB_VARIANTS:-base}" --cases "${AB_CASES:-g32}" ${AB_ROUNDS:+--rounds "$AB_ROUNDS"}
 has dense && lanes_ab ab_dense --variants base --all-instances --cases dense --dense-m "${DENSE_M:-1,2,8}"
 tiles() {   # $1 = file stem; the environment picks Triton's MMA

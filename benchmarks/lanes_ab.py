@@ -36,7 +36,8 @@ DEFINES = {
 }
 MOE_CASES = [("glm52", 1, 128), ("glm52", 16, 128), ("glm52", 16, 32), ("glm52", 64, 32),
              ("kimi_tp8", 16, 128), ("kimi_tp8", 16, 32), ("kimi_tp8", 64, 128), ("kimi_tp8", 64, 32),
-             ("glm52", 64, 128), ("glm52", 1, 32), ("kimi_tp8", 1, 32), ("kimi_tp8", 1, 128)]
+             ("glm52", 64, 128), ("glm52", 1, 32), ("kimi_tp8", 1, 32), ("kimi_tp8", 1, 128),
+             ("glm47", 1, 128), ("glm47", 1, 32)]
 DENSE_MS = (1, 2, 8)
 DENSE_SHAPES = ((12288, 6144), (4096, 7168))     # #3's dense shape; Kimi K2's gate+up as a linear
 
