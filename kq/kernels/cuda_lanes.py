@@ -69,7 +69,8 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: in
     - split K 4 ways when fewer than half a wave of warps would be resident and each keeps >= 4
       blocks (Kimi TP-8 at 1 token: 12.4 against 31 us); for gate+up 8 ways (8-warp CTAs) where the 8-way
       split still fits one wave (Kimi TP-8 at 1 token, 128 one-pair warps: 10.0-10.2 against 12.0-12.1 us
-      at group 128, 10.7 against 12.6 at 32; tenth session, h200/lanes_ab_s10_call7_k8_a581af0.jsonl; the
+      at group 128, 10.7 against 12.6 at 32; tenth session, h200/lanes_ab_s10_call7_k8_a581af0.jsonl;
+      GLM-4.7 at 1 token, 768 warps, keeps 4 ways: 25.1 against 35.8 us, call 9, lanes_ab_s10_call9_*; the
       down stage's 8-way instance was 1.9-9x slower wherever it ran, and is not built);
     - gate+up at group 128, up to about four waves of one-pair warps: the XSM instances (activations
       through the ring), two tile pairs per warp where one pair per warp would just not fit one wave
