@@ -21,7 +21,11 @@ in a new thread each time, beside a busy thread, or in 60 fresh processes, alway
 Ninth session (2-core machine, 2026-12-01): 0 of 150 kills differed, and 1 of 150 with MKL_CBWR=AUTO
 (MKL's reproducible mode: not the fix); at that rate a change cannot be judged in one session.
 Tenth session: seen once more, in the full test suite of a fresh clone (kq 5419a49, kill after layer 1,
-the second and third shards differing); the test rerun alone passed.
+the second and third shards differing); the test rerun alone passed. Half of the elements differing
+suggested one of the two OpenMP threads computing differently, e.g. flush-to-zero (a per-thread CPU
+mode); but denormals play no part here: layer 0's saved output (`acts-0001`, gptq_quantize_layers
+stopped after layer 0 in one process) hashes the same with and without torch.set_flush_denormal(True),
+at 2 threads and at 1 (where all of the work runs in the thread that set it), and holds no denormal.
 """
 from __future__ import annotations
 
