@@ -411,7 +411,7 @@ __global__ void __launch_bounds__(32 * WARPS, (WARPS > 4 ? 1 : min_ctas<NT, GATE
 #define KQ_LANES_TRY(NT_, GATED_, GROUP_, KSPLIT_, STAGES_, FOLD_, XSM_)                                  \
   if (nt == NT_ && (gated != 0) == GATED_ && ksplit == KSPLIT_ && stages == STAGES_ && (fold != 0) == FOLD_ && \
       (xsm != 0) == XSM_) {                                                                              \
-    constexpr int W_ = KSPLIT_ > kq_lanes_warps ? KSPLIT_ : kq_lanes_warps;   /* KSPLIT 8: 8 warps a CTA */ \
+    constexpr int W_ = kq_lanes_cta_warps(KSPLIT_);                                                      \
     constexpr int CG = W_ / KSPLIT_;                                                                     \
     constexpr int SMEM = W_ * STAGES_ * (NT_ * (GATED_ ? 2 : 1) * 2 * 512 + (XSM_ ? kq_lanes::XSLOT_BYTES : 0)); \
     const dim3 grid((n_tiles + 2 * NT_ * CG - 1) / (2 * NT_ * CG), n_blocks);                            \
@@ -427,6 +427,8 @@ __global__ void __launch_bounds__(32 * WARPS, (WARPS > 4 ? 1 : min_ctas<NT, GATE
     return static_cast<int>(cudaGetLastError());                                                         \
   }
 constexpr int kq_lanes_warps = 4;
+// warps of a CTA: 4, or KSPLIT where that is more (KSPLIT 8: 8 warps share the columns and split K)
+constexpr int kq_lanes_cta_warps(int ksplit) { return ksplit > kq_lanes_warps ? ksplit : kq_lanes_warps; }
 
 // every (NT, GATED, KSPLIT, STAGES, FOLD, XSM) a group size's file builds; the host picks one (cuda_lanes.py)
 #define KQ_LANES_VARIANTS(G)                                                                                    \
@@ -446,7 +448,7 @@ constexpr int kq_lanes_warps = 4;
 // block (min(8, rows)) preloaded into shared memory behind the rings
 #define KQ_LANES_DENSE_TRY(NT_, GROUP_, KSPLIT_, STAGES_, XPRE_)                                          \
   if (nt == NT_ && ksplit == KSPLIT_ && stages == STAGES_ && (xpre != 0) == XPRE_) {                     \
-    constexpr int W_ = KSPLIT_ > kq_lanes_warps ? KSPLIT_ : kq_lanes_warps;   /* KSPLIT 8: 8 warps a CTA */ \
+    constexpr int W_ = kq_lanes_cta_warps(KSPLIT_);                                                      \
     constexpr int CG = W_ / KSPLIT_;                                                                     \
     const int smem = W_ * STAGES_ * NT_ * 2 * 512 +                                          \
                      (XPRE_ ? (p.rows < 8 ? p.rows : 8) * kq_lanes::xpre_row_bytes(p.kb_total) : 0);     \
