@@ -5,13 +5,15 @@ power.draw,temperature.gpu,clocks_throttle_reasons.active --format=csv -lms 100`
 
     python benchmarks/clock_rows.py DECODE_LOG CLOCKS_CSV [--all]
 
-A row's window runs from the previous row's "t" to its own, so it holds that row's timing (and its
-set-up). One line per MoE row that a table cites (SGLang's FP8 MoE, kq's picked lane instances, the
+First a line over all samples (SM clock minimum, median and maximum, the highest power draw, the
+count of each throttle-reason mask). A row's window runs from the previous row's "t" to its own, so it
+holds that row's timing (and its set-up). Then one line per MoE row that a table cites (SGLang's FP8 MoE, kq's picked lane instances, the
 whole MoE) or, with --all, per row: SM clock median and minimum over the window, the highest power
 draw, and the share of samples whose throttle reasons include the software power cap (bit 0x4)."""
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import json
 import statistics
@@ -42,6 +44,11 @@ def main() -> None:
     ap.add_argument("--all", action="store_true", help="every row, not only those the tables cite")
     args = ap.parse_args()
     samples = clocks(args.clocks)
+    if samples:
+        sm = sorted(s[1] for s in samples)
+        reasons = collections.Counter(f"{s[3]:#x}" for s in samples)
+        print(f"clocks: {len(samples)} samples, SM MHz min/median/max {sm[0]}/{sm[len(sm) // 2]}/{sm[-1]}, "
+              f"power W max {max(s[2] for s in samples):.1f}, throttle reasons {dict(reasons)}")
     rows = [json.loads(ln) for ln in open(args.rows) if ln.startswith("{") and '"t":' in ln]
     print("case | tokens | kind | us | SM MHz median (min) | W max | power-capped samples")
     prev = None

@@ -34,16 +34,9 @@ timeout "${MARLIN_TIMEOUT:-100}" python3 benchmarks/bench_kernels.py --out "$R" 
   --moe glm52,kimi_tp8 --tokens 1,16,64 --groups 128,32 --tag _marlin > "$R/marlin.log" 2>&1
 echo "marlin rows rc $? after $(( $(date +%s) - T0 )) s"
 kill $C
-python3 - "$R/clocks.csv" <<'PY'
-import collections, sys
-rows = [l.split(", ") for l in open(sys.argv[1]).read().splitlines()[1:] if l.count(",") == 5]
-if rows:
-    sm = [int(r[1].split()[0]) for r in rows]; pw = [float(r[3].split()[0]) for r in rows if r[3][0].isdigit()]
-    print(f"clocks: {len(rows)} samples, SM MHz min/median/max {min(sm)}/{sorted(sm)[len(sm) // 2]}/{max(sm)}, "
-          f"power W max {max(pw) if pw else '?'}, throttle reasons {dict(collections.Counter(r[5] for r in rows))}")
-PY
+python3 benchmarks/clock_rows.py "$R/decode.log" "$R/clocks.csv" > "$R/clock_rows.txt" 2>&1; head -1 "$R/clock_rows.txt"
 python3 benchmarks/kernel_table.py "$R/decode.log" "$R/marlin.log"
-python3 benchmarks/clock_rows.py "$R/decode.log" "$R/clocks.csv" > "$R/clock_rows.txt" 2>&1; grep -E "glm52 \| (16|64)" "$R/clock_rows.txt"
+grep -E "glm52 \| (16|64)" "$R/clock_rows.txt"
 grep -iE "Traceback|error" "$R"/*.log | head -5
 [ -f .gpu/sgl_jit.tgz ] || tar czf "$OUT/sgl_jit.tgz" -C "$SGLANG_JIT_CACHE_DIR" . && ls -la "$OUT"
 tar czf "$OUT/rec.tgz" -C "$OUT" rec && rm -rf "$R"
