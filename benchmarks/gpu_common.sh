@@ -11,12 +11,14 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target "/tmp/site-
 export PYTHONPATH=/tmp/site-$1:$PWD/.gpu/stubs:$PWD
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$R/gpu.txt"
 
-# the kernel GPU tests, into $R/pytest_gpu.log
+# GPU tests into $R/$1.log (default pytest_gpu), the arguments after $1 going to pytest (default: both
+# kernel test files); TEST_TIMEOUT (default 170 s)
 kernel_tests() {
-  timeout "${TEST_TIMEOUT:-170}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py \
-    tests/test_kernels_lanes_gpu.py > "$R/pytest_gpu.log" 2>&1
-  tail -1 "$R/pytest_gpu.log"; grep FAILED "$R/pytest_gpu.log" | head
-  echo "tests done after $(( $(date +%s) - T0 )) s"
+  local log=${1:-pytest_gpu}; shift $(( $# > 0 ))
+  [ $# -gt 0 ] || set -- tests/test_kernels_gpu.py tests/test_kernels_lanes_gpu.py
+  timeout "${TEST_TIMEOUT:-170}" python3 -m pytest -q -p no:cacheprovider -m gpu "$@" > "$R/$log.log" 2>&1
+  tail -1 "$R/$log.log"; grep FAILED "$R/$log.log" | head
+  echo "$log done after $(( $(date +%s) - T0 )) s"
 }
 
 # bench_kernels.py --lanes against cuBLAS and SGLang's FP8 MoE at 1/16/64 tokens, groups 128 and 32, with

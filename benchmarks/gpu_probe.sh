@@ -23,11 +23,7 @@ has() { [[ ",$STEPS," == *",$1,"* ]]; }
 if has tests || has ab || has dense || has lanestests || has moeinst; then
   python3 -c "from kq.kernels import cuda_lanes; cuda_lanes._ext()" && echo "ext built after $(( $(date +%s) - T0 )) s"
 fi
-if has swaptests; then
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py > "$R/pytest_swap.log" 2>&1
-  tail -1 "$R/pytest_swap.log"; grep FAILED "$R/pytest_swap.log" | head
-  echo "swap tests done after $(( $(date +%s) - T0 )) s"
-fi
+has swaptests && TEST_TIMEOUT=200 kernel_tests pytest_swap tests/test_kernels_gpu.py
 if has swap; then
   timeout "${SWAP_TIMEOUT:-330}" python3 benchmarks/dense_swap_probe.py ${SWAP_NK:+--nk "$SWAP_NK"} \
     > "$R/swap.jsonl" 2> "$R/swap.err"
@@ -40,16 +36,8 @@ if has ncuswap; then
   echo "ncuswap rc $? after $(( $(date +%s) - T0 )) s"
   grep -E "^  [a-z_0-9]+.*w4a16|M = |Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Warp Cycles Per Issued|Issue Slots Busy|No Eligible|Stall|Dynamic Shared" "$R/ncu_swap.log" | head -80
 fi
-if has tests; then
-  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_lanes_gpu.py -k "dense or linear" \
-    > "$R/pytest_dense.log" 2>&1; tail -1 "$R/pytest_dense.log"; grep FAILED "$R/pytest_dense.log" | head
-  echo "tests done after $(( $(date +%s) - T0 )) s"
-fi
-if has lanestests; then
-  timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_lanes_gpu.py \
-    > "$R/pytest_lanes.log" 2>&1; tail -1 "$R/pytest_lanes.log"; grep FAILED "$R/pytest_lanes.log" | head
-  echo "lanes tests done after $(( $(date +%s) - T0 )) s"
-fi
+has tests && TEST_TIMEOUT=150 kernel_tests pytest_dense tests/test_kernels_lanes_gpu.py -k "dense or linear"
+has lanestests && TEST_TIMEOUT=${TEST_TIMEOUT:-200} kernel_tests pytest_lanes tests/test_kernels_lanes_gpu.py
 has moeinst && lanes_ab moeinst --variants base --all-instances --cases "${MOEINST_CASES:-glm52,kimi}"
 has ab && lanes_ab ab --variants "${AB_VARIANTS:-base}" --cases "${AB_CASES:-g32}" ${AB_ROUNDS:+--rounds "$AB_ROUNDS"}
 has dense && lanes_ab ab_dense --variants base --all-instances --cases dense --dense-m "${DENSE_M:-1,2,8}"
