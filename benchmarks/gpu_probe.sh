@@ -13,7 +13,8 @@
 # Tenth session:
 #  lanestests  all of tests/test_kernels_lanes_gpu.py;
 #  moeinst every MoE instance of both stages (lanes_ab --all-instances, two rounds) on lanes_ab's MoE cases
-#          (MOEINST_CASES, default glm52,kimi).
+#          (MOEINST_CASES, default glm52,kimi), variants MOEINST_VARIANTS (lanes_ab.py DEFINES, default base),
+#          stages MOEINST_STAGES (default gate_up,down).
 # carry: .whl-slim .gpu        results: $OUT/probe.tgz
 source benchmarks/gpu_common.sh probe
 export MAX_JOBS=16
@@ -38,7 +39,8 @@ if has ncuswap; then
 fi
 has tests && TEST_TIMEOUT=150 kernel_tests pytest_dense tests/test_kernels_lanes_gpu.py -k "dense or linear"
 has lanestests && TEST_TIMEOUT=${TEST_TIMEOUT:-200} kernel_tests pytest_lanes tests/test_kernels_lanes_gpu.py
-has moeinst && lanes_ab moeinst --variants base --all-instances --cases "${MOEINST_CASES:-glm52,kimi}"
+has moeinst && lanes_ab moeinst --variants "${MOEINST_VARIANTS:-base}" --all-instances --cases "${MOEINST_CASES:-glm52,kimi}" \
+  --stages "${MOEINST_STAGES:-gate_up,down}"
 has ab && lanes_ab ab --variants "${AB_VARIANTS:-base}" --cases "${AB_CASES:-g32}" ${AB_ROUNDS:+--rounds "$AB_ROUNDS"}
 has dense && lanes_ab ab_dense --variants base --all-instances --cases dense --dense-m "${DENSE_M:-1,2,8}"
 tiles() {   # $1 = file stem; the environment picks Triton's MMA

@@ -33,6 +33,9 @@ from kq.kernels import triton_ops as kops  # noqa: E402
 # activations through the ring became the XSM instances)
 DEFINES = {
     "base": [],
+    # CTAs of 1 or 2 warps for the instances without a K split (their warps share nothing but L1)
+    "w1": ["-DKQ_LANES_K1_WARPS=1"],
+    "w2": ["-DKQ_LANES_K1_WARPS=2"],
 }
 MOE_CASES = [("glm52", 1, 128), ("glm52", 16, 128), ("glm52", 16, 32), ("glm52", 64, 32),
              ("kimi_tp8", 16, 128), ("kimi_tp8", 16, 32), ("kimi_tp8", 64, 128), ("kimi_tp8", 64, 32),
@@ -54,6 +57,7 @@ def main() -> None:
                     help="time every instance of each stage, not only the picked one (pick's rows)")
     ap.add_argument("--cases", default="", help="only the cases whose name contains one of these (comma list)")
     ap.add_argument("--dense-m", default=",".join(map(str, DENSE_MS)), help="rows of the dense cases")
+    ap.add_argument("--stages", default="gate_up,down", help="the MoE stages to time (comma list)")
     ap.add_argument("--build-one", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.build_one:
@@ -76,8 +80,10 @@ def main() -> None:
         xs = torch.randn(m, h, device=DEV, dtype=torch.bfloat16)
         acts = [torch.empty(m * 8, i, device=DEV, dtype=torch.bfloat16) for _ in rts]
         ys = [torch.empty(m * 8, h, device=DEV, dtype=torch.bfloat16) for _ in rts]
-        gate_up = cuda_lanes.GATE_UP_VARIANTS + (cuda_lanes.GATE_UP_XSM_VARIANTS if group == 128 else [])
+        gate_up = cuda_lanes.GATE_UP_VARIANTS + cuda_lanes.GATE_UP_XSM_VARIANTS
         for stage, insts in (("gate_up", gate_up), ("down", cuda_lanes.DOWN_VARIANTS)):
+            if stage not in args.stages.split(","):
+                continue
             for inst in insts if args.all_instances else [None]:
                 if stage == "gate_up":
                     fns = [lambda rt=rt, o=o, lm=lm, xs=xs, inst=inst: cuda_lanes.moe_gate_up(xs, lm, rt, 8, inst, out=o)

@@ -1,7 +1,7 @@
 """Registers, spills and SASS instruction counts of CUDA lane-kernel instances (moe_lanes.cuh), without a
 GPU: nvcc compiles the named instances for sm_90a, Triton's bundled cuobjdump disassembles them.
 
-    python benchmarks/lanes_sass.py [--group 32,128] [--nt 1] [--gated 1] [--fold 1] [--ksplit 1]
+    python benchmarks/lanes_sass.py [--group 32,128] [--nt 1] [--gated 1] [--fold 1] [--ksplit 1] [--xsm 0]
     python benchmarks/lanes_sass.py --dense --xpre --ksplit 4 --nt 2
 
 One row per instance: the whole function's instruction count without NOPs (its main loop is unrolled
@@ -33,12 +33,13 @@ def main() -> None:
     ap.add_argument("--fold", type=int, default=1)
     ap.add_argument("--ksplit", type=int, default=1)
     ap.add_argument("--stages", type=int, default=4)
+    ap.add_argument("--xsm", type=int, default=0, help="the activations through the ring (XSM instances)")
     ap.add_argument("--dense", action="store_true", help="a DENSE instance (one matrix; not gated, FOLD on)")
     ap.add_argument("--xpre", action="store_true", help="with --dense: the activations preloaded (XPRE)")
     args = ap.parse_args()
     b = lambda v: "true" if v else "false"   # noqa: E731
     gated, fold = (False, True) if args.dense else (args.gated, args.fold)
-    insts = [f"{args.nt}, {b(gated)}, {g}, 4, {args.ksplit}, {args.stages}, {b(fold)}, false, true, "
+    insts = [f"{args.nt}, {b(gated)}, {g}, 4, {args.ksplit}, {args.stages}, {b(fold)}, {b(args.xsm)}, true, "
              f"{b(args.dense)}, {b(args.dense and args.xpre)}" for g in args.group.split(",")]
     with tempfile.TemporaryDirectory() as d:
         cu = os.path.join(d, "inst.cu")
