@@ -29,13 +29,10 @@ from kq.kernels import cuda_lanes  # noqa: E402
 from kq.kernels import triton_ops as kops  # noqa: E402
 
 # -D flags per variant (the seventh session A/B'd scale and activation prefetches, evict-first weights and
-# the activations through the ring here, the eighth group 32 at 4 CTAs: benchmarks/results/kernels.md; the
-# activations through the ring became the XSM instances)
+# the activations through the ring here, the eighth group 32 at 4 CTAs, the eleventh CTAs of 1 and 2 warps:
+# benchmarks/results/kernels.md; the activations through the ring became the XSM instances)
 DEFINES = {
     "base": [],
-    # CTAs of 1 or 2 warps for the instances without a K split (their warps share nothing but L1)
-    "w1": ["-DKQ_LANES_K1_WARPS=1"],
-    "w2": ["-DKQ_LANES_K1_WARPS=2"],
 }
 MOE_CASES = [("glm52", 1, 128), ("glm52", 16, 128), ("glm52", 16, 32), ("glm52", 64, 32),
              ("kimi_tp8", 16, 128), ("kimi_tp8", 16, 32), ("kimi_tp8", 64, 128), ("kimi_tp8", 64, 32),
@@ -80,7 +77,7 @@ def main() -> None:
         xs = torch.randn(m, h, device=DEV, dtype=torch.bfloat16)
         acts = [torch.empty(m * 8, i, device=DEV, dtype=torch.bfloat16) for _ in rts]
         ys = [torch.empty(m * 8, h, device=DEV, dtype=torch.bfloat16) for _ in rts]
-        gate_up = cuda_lanes.GATE_UP_VARIANTS + cuda_lanes.GATE_UP_XSM_VARIANTS
+        gate_up = cuda_lanes.GATE_UP_VARIANTS + (cuda_lanes.GATE_UP_XSM_VARIANTS if group == 128 else [])
         for stage, insts in (("gate_up", gate_up), ("down", cuda_lanes.DOWN_VARIANTS)):
             if stage not in args.stages.split(","):
                 continue

@@ -25,8 +25,8 @@ _SOURCES = ["moe_lanes_binding.cpp", "moe_lanes_launch.cu", "moe_lanes_g128.cu",
 GATE_UP_VARIANTS = [(1, 1, 4, True), (1, 1, 6, True), (1, 4, 4, True), (2, 1, 4, True), (1, 1, 4, False),
                     (1, 4, 4, False), (1, 8, 4, False)]
 # gate+up instances whose activations go through the shared-memory ring too (XSM: 5-tuples ending in True),
-# at every group (the last three of moe_lanes.cuh KQ_LANES_VARIANTS)
-GATE_UP_XSM_VARIANTS = [(1, 1, 4, True, True), (2, 1, 4, True, True), (1, 1, 4, False, True)]
+# group 128 only (moe_lanes.cuh KQ_LANES_XSM_128)
+GATE_UP_XSM_VARIANTS = [(1, 1, 4, True, True), (2, 1, 4, True, True)]
 DOWN_VARIANTS = [(2, 1, 4, True), (2, 1, 6, True), (2, 4, 4, True), (2, 1, 4, False), (1, 1, 4, True),
                  (2, 4, 4, False)]
 # (NT, KSPLIT, STAGES) of the dense instances (one matrix, no routing; FOLD on): KQ_LANES_DENSE_VARIANTS;

@@ -242,11 +242,9 @@ constexpr int min_ctas() {
   return STAGES <= 6 && KSPLIT == 1 && GROUP == 128 ? 4 : 3;
 }
 
-// min_ctas counts CTAs of 4 warps; a CTA of fewer warps (KQ_LANES_K1_WARPS) keeps the same register budget
 template <int NT, bool GATED, int GROUP, int WARPS, int KSPLIT, int STAGES, bool FOLD, bool XSM, bool EVEN_K, bool DENSE,
           bool XPRE = false>
-__global__ void __launch_bounds__(32 * WARPS,
-                                  (WARPS > 4 ? 1 : min_ctas<NT, GATED, GROUP, KSPLIT, STAGES, DENSE, XPRE>() * 4 / WARPS))
+__global__ void __launch_bounds__(32 * WARPS, (WARPS > 4 ? 1 : min_ctas<NT, GATED, GROUP, KSPLIT, STAGES, DENSE, XPRE>()))
     moe_lanes_kernel(Params p) {
   static_assert(STAGES % 2 == 0, "the activation sets alternate with the block's parity");
   static_assert(!XPRE || (DENSE && !XSM), "the preloaded activations are a dense instance's");
@@ -429,28 +427,22 @@ __global__ void __launch_bounds__(32 * WARPS,
     return static_cast<int>(cudaGetLastError());                                                         \
   }
 constexpr int kq_lanes_warps = 4;
-// warps of a CTA without a K split (its warps are independent: no barrier); a compile-time variant for
-// benchmarks/lanes_ab.py (-DKQ_LANES_K1_WARPS=1 or 2: smaller CTAs spread a grid of under one wave more
-// evenly over the multiprocessors)
-#ifndef KQ_LANES_K1_WARPS
-#define KQ_LANES_K1_WARPS 4
-#endif
-// warps of a CTA: 4 (KQ_LANES_K1_WARPS without a split), or KSPLIT where that is more (KSPLIT 8: 8 warps
-// share the columns and split K)
-constexpr int kq_lanes_cta_warps(int ksplit) {
-  return ksplit > kq_lanes_warps ? ksplit : ksplit == 1 ? KQ_LANES_K1_WARPS : kq_lanes_warps;
-}
+// warps of a CTA: 4, or KSPLIT where that is more (KSPLIT 8: 8 warps share the columns and split K)
+constexpr int kq_lanes_cta_warps(int ksplit) { return ksplit > kq_lanes_warps ? ksplit : kq_lanes_warps; }
 
-// every (NT, GATED, KSPLIT, STAGES, FOLD, XSM) a group size's file builds; the host picks one (cuda_lanes.py);
-// the last three are the XSM instances (gate+up: cuda_lanes.GATE_UP_XSM_VARIANTS)
+// every (NT, GATED, KSPLIT, STAGES, FOLD, XSM) a group size's file builds; the host picks one (cuda_lanes.py)
 #define KQ_LANES_VARIANTS(G)                                                                                    \
   KQ_LANES_TRY(1, true, G, 1, 4, true, false) KQ_LANES_TRY(1, true, G, 1, 6, true, false) KQ_LANES_TRY(1, true, G, 4, 4, true, false) \
   KQ_LANES_TRY(2, true, G, 1, 4, true, false) KQ_LANES_TRY(1, true, G, 1, 4, false, false) KQ_LANES_TRY(1, true, G, 4, 4, false, false) \
   KQ_LANES_TRY(2, false, G, 1, 4, true, false) KQ_LANES_TRY(2, false, G, 1, 6, true, false) KQ_LANES_TRY(2, false, G, 4, 4, true, false) \
   KQ_LANES_TRY(2, false, G, 1, 4, false, false) KQ_LANES_TRY(1, false, G, 1, 4, true, false) KQ_LANES_TRY(2, false, G, 4, 4, false, false) \
   KQ_LANES_TRY(1, true, G, 8, 4, false, false)                                                                     \
-  KQ_LANES_TRY(1, true, G, 1, 4, true, true) KQ_LANES_TRY(2, true, G, 1, 4, true, true)                        \
-  KQ_LANES_TRY(1, true, G, 1, 4, false, true)
+  KQ_LANES_XSM_##G
+
+// the XSM instances (gate+up, group 128 only: cuda_lanes.GATE_UP_XSM_VARIANTS); none at the other groups
+#define KQ_LANES_XSM_128 KQ_LANES_TRY(1, true, 128, 1, 4, true, true) KQ_LANES_TRY(2, true, 128, 1, 4, true, true)
+#define KQ_LANES_XSM_64
+#define KQ_LANES_XSM_32
 
 // dense instances (one matrix, no routing): grid (row blocks of 8, column groups); XPRE: the rows of a
 // block (min(8, rows)) preloaded into shared memory behind the rings
