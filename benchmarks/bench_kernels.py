@@ -338,12 +338,11 @@ def lanes_case(base, e, h, i, m, topk, group, tis, tw, a, touched):
         pick1 = cuda_lanes.pick(m * topk, e, i // 8, -(-h // 128), True, group)
         pick2 = cuda_lanes.pick(m * topk, e, h // 8, -(-i // 128), False, group)
         name = cuda_lanes.variant_name
-        xsm = cuda_lanes.GATE_UP_XSM_VARIANTS if group == 128 else []
-        for v in cuda_lanes.GATE_UP_VARIANTS + xsm if decode else [pick1]:
+        for v in cuda_lanes.stage_variants(True, group) if decode else [pick1]:
             us = graph_us([lambda rt=rt: cuda_lanes.moe_gate_up(a, lm, rt, topk, v) for rt in rts])
             log({**base, "kind": f"lanes_g{group}_{name(v)}", "us": round(us, 2),
                  "GBps": round(touched * 2 * i * h * bpw / us / 1e3, 1), "picked": v == pick1})
-        for v in cuda_lanes.DOWN_VARIANTS if decode else [pick2]:
+        for v in cuda_lanes.stage_variants(False, group) if decode else [pick2]:
             us = graph_us([lambda rt=rt: cuda_lanes.moe_down(act, lm, rt, v) for rt in rts])
             log({**base, "kind": f"lanes_down_g{group}_{name(v)}", "us": round(us, 2),
                  "GBps": round(touched * i * h * bpw / us / 1e3, 1), "picked": v == pick2})

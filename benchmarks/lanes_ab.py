@@ -77,8 +77,8 @@ def main() -> None:
         xs = torch.randn(m, h, device=DEV, dtype=torch.bfloat16)
         acts = [torch.empty(m * 8, i, device=DEV, dtype=torch.bfloat16) for _ in rts]
         ys = [torch.empty(m * 8, h, device=DEV, dtype=torch.bfloat16) for _ in rts]
-        gate_up = cuda_lanes.GATE_UP_VARIANTS + (cuda_lanes.GATE_UP_XSM_VARIANTS if group == 128 else [])
-        for stage, insts in (("gate_up", gate_up), ("down", cuda_lanes.DOWN_VARIANTS)):
+        for stage, insts in (("gate_up", cuda_lanes.stage_variants(True, group)),
+                             ("down", cuda_lanes.stage_variants(False, group))):
             if stage not in args.stages.split(","):
                 continue
             for inst in insts if args.all_instances else [None]:

@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("--group", default="32,128")
     ap.add_argument("--nt", type=int, default=1)
     ap.add_argument("--gated", type=int, default=1)
-    ap.add_argument("--fold", type=int, default=1)
+    ap.add_argument("--fold", type=int, default=1, help="0, 1 or 2 (SCALE_A: the scales in the weight operand)")
     ap.add_argument("--ksplit", type=int, default=1)
     ap.add_argument("--stages", type=int, default=4)
     ap.add_argument("--xsm", type=int, default=0, help="the activations through the ring (XSM instances)")
@@ -39,7 +39,7 @@ def main() -> None:
     args = ap.parse_args()
     b = lambda v: "true" if v else "false"   # noqa: E731
     gated, fold = (False, True) if args.dense else (args.gated, args.fold)
-    insts = [f"{args.nt}, {b(gated)}, {g}, 4, {args.ksplit}, {args.stages}, {b(fold)}, {b(args.xsm)}, true, "
+    insts = [f"{args.nt}, {b(gated)}, {g}, 4, {args.ksplit}, {args.stages}, {2 if fold == 2 else b(fold)}, {b(args.xsm)}, true, "
              f"{b(args.dense)}, {b(args.dense and args.xpre)}" for g in args.group.split(",")]
     with tempfile.TemporaryDirectory() as d:
         cu = os.path.join(d, "inst.cu")

@@ -84,6 +84,15 @@ def test_every_instance_matches_float64(variants, group):
     assert _rel(y, torch.einsum("pi,phi->ph", a.double(), w2[flat])) < 1e-2
 
 
+@pytest.mark.parametrize("variants", list(zip(lanes.GATE_UP_SCALE_A_VARIANTS, lanes.DOWN_SCALE_A_VARIANTS)))
+@pytest.mark.parametrize("group", [64, 32])
+def test_scale_a_instances_match_float64(variants, group):
+    """The SCALE_A instances (the group scale multiplied into the weight operand, so each weight is q * s
+    rounded to bf16): the cases and bound of test_every_instance_matches_float64 (K of 5 and 3 blocks at
+    group 64, 4.5 and 2.5 at 32; a scale read from the wrong group would be off by far more)."""
+    test_every_instance_matches_float64(variants, group)
+
+
 @pytest.mark.parametrize("variant", lanes.GATE_UP_XSM_VARIANTS)
 @pytest.mark.parametrize("H", [640, 1152])
 def test_xsm_instances_match_float64(variant, H):

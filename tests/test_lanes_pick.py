@@ -15,8 +15,8 @@ SHAPES = {"glm52": (256, 6144, 2048), "kimi_tp8": (384, 7168, 256), "glm47": (16
 def test_every_pick_is_a_built_instance(shape, tokens, group):
     e, h, i = SHAPES[shape]
     v = cuda_lanes.pick(tokens * 8, e, i // 8, -(-h // 128), True, group)
-    assert v in cuda_lanes.GATE_UP_VARIANTS or (group == 128 and v in cuda_lanes.GATE_UP_XSM_VARIANTS)
-    assert cuda_lanes.pick(tokens * 8, e, h // 8, -(-i // 128), False, group) in cuda_lanes.DOWN_VARIANTS
+    assert v in cuda_lanes.stage_variants(True, group)
+    assert cuda_lanes.pick(tokens * 8, e, h // 8, -(-i // 128), False, group) in cuda_lanes.stage_variants(False, group)
 
 
 @pytest.mark.parametrize("shape,tokens,group,want", [
@@ -83,3 +83,12 @@ def test_the_cuda_linear_refuses_a_tiles_layout_weight_with_one_line():
                        torch.ones(16, 1, dtype=torch.bfloat16), 128)
     with pytest.raises(ValueError, match=r"^cuda_lanes.linear: the weight must be prepacked with lane=True$"):
         cuda_lanes.linear(torch.zeros(1, 128, dtype=torch.bfloat16), w)
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("gated", [True, False])
+def test_instance_names_are_distinct(group, gated):
+    """Benchmark rows name instances by variant_name: no two instances of a stage may share a name."""
+    names = [cuda_lanes.variant_name(v) for v in cuda_lanes.stage_variants(gated, group)]
+    assert len(set(names)) == len(names)
+    assert any(n.endswith("sa") for n in names) == (group != 128)

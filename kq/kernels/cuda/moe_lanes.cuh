@@ -71,15 +71,30 @@ __device__ __forceinline__ float scale_at(uint2 v, int lg) {
   return __uint_as_float((lg & 1) ? (w & 0xFFFF0000u) : (w << 16));
 }
 
+// the same scale twice, as a bf16x2 pair (one PRMT)
+__device__ __forceinline__ uint32_t scale_pair(uint2 v, int lg) {
+  return __byte_perm(lg < 2 ? v.x : v.y, 0, (lg & 1) ? 0x3232 : 0x1010);
+}
+
+// bf16x2 q * s, rounded to nearest: a weight as a bf16 dequantisation stores it
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
 // The tensor-core roles are swapped for decode: A = weights (16 columns: n-tiles 2m and 2m+1 of the
 // lane layout, so lane (g, t) dequantises columns g and g + 8), B = activations (8 rows of the routed
 // block, token g for lane g), C = [16 columns x 8 rows]. With at most a few rows per expert, none of
 // the mma's 16-wide side is wasted on padding rows, the A fragment {col g h0, col g+8 h0, col g h1,
 // col g+8 h1} is built by the dequantising lop3s in place, and the B fragment is one 8-byte load.
-// FOLD: the codes enter the mma as q + 136 and one extra mma per step of x with -136 gives the offset,
-// added once per group; without FOLD one packed bf16 subtract per register makes the codes q exactly
-// (no offset mma, no per-group add: fewer instructions when groups are short).
-template <int NT, int MATS, int GROUP, bool FOLD>
+// FOLD 1: the codes enter the mma as q + 136 and one extra mma per step of x with -136 gives the offset,
+// added once per group; FOLD 0: one packed bf16 subtract per register makes the codes q exactly (no offset
+// mma, no per-group add: fewer instructions when groups are short); FOLD 2 (SCALE_A, groups 32 and 64):
+// the exact codes times the group's scale in one packed bf16 multiply, so the mma sums the weights
+// themselves (each q * s rounded to bf16, as a bf16 dequantisation stores it) straight into the
+// accumulators: no per-group partial sums, scale conversions or multiply-adds, and fewer registers.
+template <int NT, int MATS, int GROUP, int FOLD>
 __device__ __forceinline__ void block_mma(const int4 (&w)[NT][MATS][2], const uint2 (&xb)[8],
                                           const uint2 (&sc)[NT][MATS][2], float (&part)[NT][MATS][4],
                                           float (&acc)[NT][MATS][4], float (&xoff)[4]) {
@@ -90,7 +105,7 @@ __device__ __forceinline__ void block_mma(const int4 (&w)[NT][MATS][2], const ui
 #pragma unroll
     for (int half = 0; half < 2; ++half) {       // step 2wd + half uses shifts 4(2 half + h)
       const int st = 2 * wd + half;
-      if (FOLD) mma(xoff, neg, xb[st].x, xb[st].y);
+      if (FOLD == 1) mma(xoff, neg, xb[st].x, xb[st].y);
 #pragma unroll
       for (int i = 0; i < NT; ++i) {
 #pragma unroll
@@ -98,15 +113,25 @@ __device__ __forceinline__ void block_mma(const int4 (&w)[NT][MATS][2], const ui
           const uint32_t lo = reinterpret_cast<const uint32_t*>(&w[i][m][0])[wd] >> (8 * half);   // column g
           const uint32_t hi = reinterpret_cast<const uint32_t*>(&w[i][m][1])[wd] >> (8 * half);   // column g + 8
           uint32_t a[4] = {pair_bf16(lo), pair_bf16(hi), pair_bf16(lo >> 4), pair_bf16(hi >> 4)};
-          if (!FOLD) {
+          if (FOLD != 1) {
 #pragma unroll
             for (int r = 0; r < 4; ++r) a[r] = sub136(a[r]);
           }
-          mma(part[i][m], a, xb[st].x, xb[st].y);
+          if (FOLD == 2) {                        // a[0], a[2]: column g; a[1], a[3]: column g + 8
+            const uint32_t s0 = scale_pair(sc[i][m][0], wd / WORDS_PER_GROUP);
+            const uint32_t s1 = scale_pair(sc[i][m][1], wd / WORDS_PER_GROUP);
+            a[0] = mul_bf16x2(a[0], s0);
+            a[1] = mul_bf16x2(a[1], s1);
+            a[2] = mul_bf16x2(a[2], s0);
+            a[3] = mul_bf16x2(a[3], s1);
+            mma(acc[i][m], a, xb[st].x, xb[st].y);
+          } else {
+            mma(part[i][m], a, xb[st].x, xb[st].y);
+          }
         }
       }
     }
-    if ((wd + 1) % WORDS_PER_GROUP == 0) {       // a group ends: scale, add, restart
+    if (FOLD != 2 && (wd + 1) % WORDS_PER_GROUP == 0) {   // a group ends: scale, add, restart
       const int lg = wd / WORDS_PER_GROUP;        // the group's place among this block's 128 / GROUP
 #pragma unroll
       for (int i = 0; i < NT; ++i) {
@@ -114,7 +139,7 @@ __device__ __forceinline__ void block_mma(const int4 (&w)[NT][MATS][2], const ui
         for (int m = 0; m < MATS; ++m) {
           const float s0 = scale_at(sc[i][m][0], lg);     // column g
           const float s1 = scale_at(sc[i][m][1], lg);     // column g + 8
-          if (FOLD) {
+          if (FOLD == 1) {
             acc[i][m][0] += (part[i][m][0] + xoff[0]) * s0;
             acc[i][m][1] += (part[i][m][1] + xoff[1]) * s0;
             acc[i][m][2] += (part[i][m][2] + xoff[2]) * s1;
@@ -242,7 +267,7 @@ constexpr int min_ctas() {
   return STAGES <= 6 && KSPLIT == 1 && GROUP == 128 ? 4 : 3;
 }
 
-template <int NT, bool GATED, int GROUP, int WARPS, int KSPLIT, int STAGES, bool FOLD, bool XSM, bool EVEN_K, bool DENSE,
+template <int NT, bool GATED, int GROUP, int WARPS, int KSPLIT, int STAGES, int FOLD, bool XSM, bool EVEN_K, bool DENSE,
           bool XPRE = false>
 __global__ void __launch_bounds__(32 * WARPS, (WARPS > 4 ? 1 : min_ctas<NT, GATED, GROUP, KSPLIT, STAGES, DENSE, XPRE>()))
     moe_lanes_kernel(Params p) {
@@ -409,7 +434,7 @@ __global__ void __launch_bounds__(32 * WARPS, (WARPS > 4 ? 1 : min_ctas<NT, GATE
 // KSPLIT)), routed blocks), dynamic shared memory for the rings. Returns cudaGetLastError(), or -1
 // when no instance matches.
 #define KQ_LANES_TRY(NT_, GATED_, GROUP_, KSPLIT_, STAGES_, FOLD_, XSM_)                                  \
-  if (nt == NT_ && (gated != 0) == GATED_ && ksplit == KSPLIT_ && stages == STAGES_ && (fold != 0) == FOLD_ && \
+  if (nt == NT_ && (gated != 0) == GATED_ && ksplit == KSPLIT_ && stages == STAGES_ && fold == (FOLD_) &&     \
       (xsm != 0) == XSM_) {                                                                              \
     constexpr int W_ = kq_lanes_cta_warps(KSPLIT_);                                                      \
     constexpr int CG = W_ / KSPLIT_;                                                                     \
@@ -437,12 +462,18 @@ constexpr int kq_lanes_cta_warps(int ksplit) { return ksplit > kq_lanes_warps ? 
   KQ_LANES_TRY(2, false, G, 1, 4, true, false) KQ_LANES_TRY(2, false, G, 1, 6, true, false) KQ_LANES_TRY(2, false, G, 4, 4, true, false) \
   KQ_LANES_TRY(2, false, G, 1, 4, false, false) KQ_LANES_TRY(1, false, G, 1, 4, true, false) KQ_LANES_TRY(2, false, G, 4, 4, false, false) \
   KQ_LANES_TRY(1, true, G, 8, 4, false, false)                                                                     \
-  KQ_LANES_XSM_##G
+  KQ_LANES_EXTRA_##G
 
-// the XSM instances (gate+up, group 128 only: cuda_lanes.GATE_UP_XSM_VARIANTS); none at the other groups
-#define KQ_LANES_XSM_128 KQ_LANES_TRY(1, true, 128, 1, 4, true, true) KQ_LANES_TRY(2, true, 128, 1, 4, true, true)
-#define KQ_LANES_XSM_64
-#define KQ_LANES_XSM_32
+// the instances of some group sizes only: at 128 the XSM instances (gate+up: cuda_lanes.GATE_UP_XSM_VARIANTS),
+// at 32 and 64 the SCALE_A ones
+#define KQ_LANES_EXTRA_128 KQ_LANES_TRY(1, true, 128, 1, 4, true, true) KQ_LANES_TRY(2, true, 128, 1, 4, true, true)
+#define KQ_LANES_EXTRA_64 KQ_LANES_SCALE_A(64)
+#define KQ_LANES_EXTRA_32 KQ_LANES_SCALE_A(32)
+// the SCALE_A instances (FOLD 2: the scales multiplied into the weight operand; cuda_lanes.SCALE_A_VARIANTS),
+// groups 32 and 64 only: at 128 one multiply-add per accumulator and block costs less than a multiply per register
+#define KQ_LANES_SCALE_A(G)                                                                                   \
+  KQ_LANES_TRY(1, true, G, 1, 4, 2, false) KQ_LANES_TRY(2, true, G, 1, 4, 2, false)                           \
+  KQ_LANES_TRY(2, false, G, 1, 4, 2, false) KQ_LANES_TRY(1, false, G, 1, 4, 2, false)
 
 // dense instances (one matrix, no routing): grid (row blocks of 8, column groups); XPRE: the rows of a
 // block (min(8, rows)) preloaded into shared memory behind the rings
