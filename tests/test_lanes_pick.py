@@ -41,10 +41,21 @@ def test_gate_up_picks_of_the_measured_shapes(shape, tokens, group, want):
     assert cuda_lanes.pick(tokens * 8, e, i // 8, -(-h // 128), True, group) == want
 
 
-@pytest.mark.parametrize("group", [32, 64, 128])
-def test_down_runs_without_fold(group):
+@pytest.mark.parametrize("group,want", [(32, (2, 1, 4, cuda_lanes.SCALE_A)), (64, (2, 1, 4, False)),
+                                        (128, (2, 1, 4, False))])
+def test_down_runs_without_fold(group, want):
+    """Down: FOLD off; at group 32 the scales in the weight operand (SCALE_A, eleventh session)."""
     e, h, i = SHAPES["glm52"]
-    assert cuda_lanes.pick(512, e, h // 8, -(-i // 128), False, group) == (2, 1, 4, False)
+    assert cuda_lanes.pick(512, e, h // 8, -(-i // 128), False, group) == want
+
+
+@pytest.mark.parametrize("shape,tokens,want", [("kimi_tp8", 16, (2, 1, 4, 2)), ("kimi_tp8", 64, (2, 1, 4, 2)),
+                                               ("glm52", 16, (2, 1, 4, 2)), ("glm52", 64, (2, 1, 4, 2)),
+                                               ("kimi_tp8", 1, (2, 1, 4, 2)), ("glm52", 1, (2, 1, 4, 2))])
+def test_down_picks_at_group_32(shape, tokens, want):
+    """SCALE_A wherever the down stage runs unsplit at group 32 (the decode sizes of both shapes)."""
+    e, h, i = SHAPES[shape]
+    assert cuda_lanes.pick(tokens * 8, e, h // 8, -(-i // 128), False, 32) == want
 
 
 @pytest.mark.parametrize("n,k,rows,want", [

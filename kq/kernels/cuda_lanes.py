@@ -98,7 +98,11 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: in
     - down: FOLD off (GLM-5.2, 64 tokens, group 128: 365.8-375.9 against 390.9-398.4 us; at group 32,
       since the idle add went, faster in all six cases of the same call: GLM-5.2 1 / 16 / 64 tokens
       20.6 / 193.6 / 415.5 against 21.3 / 198.7 / 424.5, Kimi TP-8 16 / 64 tokens 55.6 / 144.9 against
-      56.1 / 146.6, 1 token 8.6 both)."""
+      56.1 / 146.6, 1 token 8.6 both); at group 32 without a K split, SCALE_A (the scales in the weight
+      operand: 124 registers against 151, four CTAs per multiprocessor instead of three; eleventh session,
+      benchmarks/results/h200/lanes_ab_s11_call2_scale_a_c582066.jsonl, two rounds: Kimi TP-8 16 / 64
+      tokens 47.8-48.1 / 122.0 against 55.6-55.9 / 145.4-145.8 us, GLM-5.2 16 tokens 190.0-190.7 against
+      193.6-194.0, 64 tokens 400.1 / 433.1 against 475.5 / 421.9)."""
     resident = 132 * 16 if group == 128 else SMS_WARPS      # 120 registers at group 128, up to 168 below
     def split(w):                # 8 ways (8-warp CTAs) where that still fits one wave, each part >= 4 blocks
         if gated and 8 * w <= SMS_WARPS and kb >= 32:
@@ -115,6 +119,8 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: in
     if gated and (resident < warps <= 2 * resident or past_12_waves):
         nt, warps = 2, warps // 2
     ks = split(warps)
+    if not gated and group == 32 and ks == 1:
+        return nt, 1, 4, SCALE_A
     fold = gated and not (nt == 1 and warps <= 4 * resident)
     return nt, ks, 4, fold
 
