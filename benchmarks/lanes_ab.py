@@ -33,6 +33,11 @@ from kq.kernels import triton_ops as kops  # noqa: E402
 # benchmarks/results/kernels.md; the activations through the ring became the XSM instances)
 DEFINES = {
     "base": [],
+    # leave-one-out probes (moe_lanes.cuh KQ_LANES_PROBE; their outputs differ from base by design): no scale
+    # loads, no weight copies, neither
+    "noscale": ["-DKQ_LANES_PROBE=1"],
+    "noweight": ["-DKQ_LANES_PROBE=2"],
+    "nomem": ["-DKQ_LANES_PROBE=3"],
 }
 MOE_CASES = [("glm52", 1, 128), ("glm52", 16, 128), ("glm52", 16, 32), ("glm52", 64, 32),
              ("kimi_tp8", 16, 128), ("kimi_tp8", 16, 32), ("kimi_tp8", 64, 128), ("kimi_tp8", 64, 32),

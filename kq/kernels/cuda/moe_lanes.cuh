@@ -179,6 +179,13 @@ struct XS {
   uint2 sc[NT][MATS][2];
 };
 
+// KQ_LANES_PROBE, for benchmarks/lanes_ab.py's leave-one-out variants only (the results are then wrong):
+// bit 1 leaves the scale loads out (every scale 1), bit 2 the weight copies (the ring's stale bytes are
+// multiplied instead), so the time without that traffic shows what it costs
+#ifndef KQ_LANES_PROBE
+#define KQ_LANES_PROBE 0
+#endif
+
 template <int NT, int MATS, int GROUP, bool EVEN_K, bool LOAD_X>
 __device__ __forceinline__ void load_xs(XS<NT, MATS>& s, const __nv_bfloat16* const (&sb)[NT][MATS][2],
                                         const __nv_bfloat16* xr, bool vr, int kb, int K4) {
@@ -190,7 +197,9 @@ __device__ __forceinline__ void load_xs(XS<NT, MATS>& s, const __nv_bfloat16* co
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const __nv_bfloat16* sp = sb[i][m][c] + kb * GPB;
-        if (GPB == 4) {
+        if (KQ_LANES_PROBE & 1) {
+          s.sc[i][m][c] = make_uint2(0x3F803F80u, 0x3F803F80u);
+        } else if (GPB == 4) {
           s.sc[i][m][c] = __ldg(reinterpret_cast<const uint2*>(sp));
         } else if (GPB == 2) {
           s.sc[i][m][c] = make_uint2(__ldg(reinterpret_cast<const uint32_t*>(sp)), 0u);
@@ -241,6 +250,7 @@ __device__ __forceinline__ void issue_x(uint32_t xslot, const __nv_bfloat16* xr,
 
 template <int NT, int MATS>
 __device__ __forceinline__ void issue_w(uint32_t slot, const int4* const (&qb)[NT][MATS][2], int kb) {
+  if (KQ_LANES_PROBE & 2) return;
 #pragma unroll
   for (int i = 0; i < NT; ++i)
 #pragma unroll
