@@ -38,8 +38,6 @@ DEFINES = {
     "noscale": ["-DKQ_LANES_PROBE=1"],
     "noweight": ["-DKQ_LANES_PROBE=2"],
     "nomem": ["-DKQ_LANES_PROBE=3"],
-    # the scales of groups 32 and 64 from L1/L2 into registers one block ahead, as before SSM
-    "nossm": ["-DKQ_LANES_SSM=0"],
 }
 MOE_CASES = [("glm52", 1, 128), ("glm52", 16, 128), ("glm52", 16, 32), ("glm52", 64, 32),
              ("kimi_tp8", 16, 128), ("kimi_tp8", 16, 32), ("kimi_tp8", 64, 128), ("kimi_tp8", 64, 32),

@@ -170,20 +170,6 @@ __host__ __device__ constexpr int xpre_row_bytes(int kb_total) { return kb_total
 // cuda_lanes.pick takes these instances for gate+up at group 128 up to about four waves of warps.
 constexpr int XSLOT_BYTES = 2048;
 
-// SSM (KQ_LANES_SSM, on by default; groups 32 and 64): the scales go through the ring too, each lane copying
-// its own columns' scales of a block (8 bytes a stream at group 32, 4 at 64) STAGES - 1 blocks ahead, instead
-// of a register set loaded one block ahead from L1/L2, whose misses the block in between did not cover
-// (H200: the kernel without its scale loads was 12-20 % faster at group 32, 2-6 % at 128; kernels.md,
-// eleventh session). Group 128's 2 bytes are below cp.async's smallest copy.
-#ifndef KQ_LANES_SSM
-#define KQ_LANES_SSM 1
-#endif
-__host__ __device__ constexpr bool ssm_on(int group) { return KQ_LANES_SSM && group <= 64; }
-// bytes of one warp's ring slot: STREAMS weight streams of 512 bytes, the XSM activations, the SSM scales
-__host__ __device__ constexpr int slot_bytes(int streams, bool xsm, int group) {
-  return streams * 512 + (xsm ? XSLOT_BYTES : 0) + (ssm_on(group) ? streams * 32 * (256 / group) : 0);
-}
-
 // The activations and scales of one 128-input block, in registers (two sets: the next block's are
 // loaded while this one is multiplied): one 8-byte load per step (token g's inputs 16 step + 4t .. +3,
 // zero past K unless EVEN_K) and one 2-, 4- or 8-byte load of each column's scales.
@@ -204,7 +190,6 @@ template <int NT, int MATS, int GROUP, bool EVEN_K, bool LOAD_X>
 __device__ __forceinline__ void load_xs(XS<NT, MATS>& s, const __nv_bfloat16* const (&sb)[NT][MATS][2],
                                         const __nv_bfloat16* xr, bool vr, int kb, int K4) {
   constexpr int GPB = 128 / GROUP;               // groups per block
-  if constexpr (!ssm_on(GROUP)) {                 // else the ring brings them (SSM)
 #pragma unroll
   for (int i = 0; i < NT; ++i)
 #pragma unroll
@@ -222,7 +207,6 @@ __device__ __forceinline__ void load_xs(XS<NT, MATS>& s, const __nv_bfloat16* co
           s.sc[i][m][c] = make_uint2(__ldg(reinterpret_cast<const unsigned short*>(sp)), 0u);
         }
       }
-  }
   if constexpr (LOAD_X) {                          // else the ring (XSM) or shared memory (XPRE) brings them
 #pragma unroll
     for (int st = 0; st < 8; ++st) {
@@ -243,14 +227,6 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
 // 8 bytes (cp.async.ca: below 16 bytes only through L1); src_bytes 0 writes zeros (inputs past K)
 __device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
-  return v;
 }
 __device__ __forceinline__ uint2 lds64(uint32_t addr) {
   uint2 v;
@@ -283,39 +259,6 @@ __device__ __forceinline__ void issue_w(uint32_t slot, const int4* const (&qb)[N
       for (int c = 0; c < 2; ++c) cp_async16(slot + ((i * MATS + m) * 2 + c) * 512, qb[i][m][c] + (size_t)kb * 32);
 }
 
-// SSM: stream (i, m, c)'s scales of block kb (SB = 2 * 128 / GROUP bytes) to sslot + stream * 32 SB + lane SB
-// (sslot already holds the lane's offset); read back by load_ssm
-template <int NT, int MATS, int GROUP>
-__device__ __forceinline__ void issue_s(uint32_t sslot, const __nv_bfloat16* const (&sb)[NT][MATS][2], int kb) {
-  constexpr int SB = 256 / GROUP;
-  if (KQ_LANES_PROBE & 1) return;
-#pragma unroll
-  for (int i = 0; i < NT; ++i)
-#pragma unroll
-    for (int m = 0; m < MATS; ++m)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const uint32_t dst = sslot + ((i * MATS + m) * 2 + c) * 32 * SB;
-        const __nv_bfloat16* src = sb[i][m][c] + kb * (SB / 2);
-        if (SB == 8) cp_async8(dst, src, 8); else cp_async4(dst, src);
-      }
-}
-
-template <int NT, int MATS, int GROUP>
-__device__ __forceinline__ void load_ssm(uint2 (&sc)[NT][MATS][2], uint32_t sslot) {
-  constexpr int SB = 256 / GROUP;
-#pragma unroll
-  for (int i = 0; i < NT; ++i)
-#pragma unroll
-    for (int m = 0; m < MATS; ++m)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const uint32_t a = sslot + ((i * MATS + m) * 2 + c) * 32 * SB;
-        sc[i][m][c] = (KQ_LANES_PROBE & 1) ? make_uint2(0x3F803F80u, 0x3F803F80u)
-                      : SB == 8 ? lds64(a) : make_uint2(lds32(a), 0u);
-      }
-}
-
 // Launch shape: CTAs of WARPS warps; KSPLIT consecutive warps share NT column pairs and split the
 // 128-input blocks between them (summed through shared memory at the end: the CTA's one barrier),
 // so a layer with few routed blocks or few columns (1 token; Kimi's TP-8 slice) still fills the GPU.
@@ -345,9 +288,8 @@ __global__ void __launch_bounds__(32 * WARPS, (WARPS > 4 ? 1 : min_ctas<NT, GATE
   constexpr int ACC = NT * MATS * 4;              // accumulators per lane
   static_assert(ACC * 4 <= STREAMS * 16, "the K-split sum reuses a ring slot");
   constexpr int XSLOT = XSM ? XSLOT_BYTES : 0;
-  constexpr bool SSM = ssm_on(GROUP);
-  constexpr int SLOT16 = slot_bytes(STREAMS, XSM, GROUP) / 16;   // one ring slot of a warp, in 16-byte units
-  extern __shared__ int4 ring[];   // [WARPS][STAGES][SLOT16]: [STREAMS][32 lanes] (+ x chunks) (+ SSM scales)
+  constexpr int SLOT16 = STREAMS * 32 + XSLOT / 16;   // one ring slot of a warp, in 16-byte units
+  extern __shared__ int4 ring[];                   // [WARPS][STAGES][SLOT16]: [STREAMS][32 lanes] (+ x chunks)
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -402,14 +344,11 @@ __global__ void __launch_bounds__(32 * WARPS, (WARPS > 4 ? 1 : min_ctas<NT, GATE
   const int kb1 = active ? min(p.kb_total, kb0 + per) : kb0;
   int4* mine = ring + (size_t)warp * STAGES * SLOT16 + lane;
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(mine));
-  // SSM: the lane's scales in a slot, behind the weights and XSM's activations (base holds lane * 16)
-  const uint32_t sbase = base - lane * 16 + STREAMS * 512 + XSLOT + lane * (256 / GROUP);
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (kb0 + s < kb1) {
       issue_w<NT, MATS>(base + s * SLOT16 * 16, qb, kb0 + s);
       if (XSLOT) issue_x<EVEN_K>(base + s * SLOT16 * 16 + STREAMS * 512, xr, vr, kb0 + s, K4);
-      if (SSM) issue_s<NT, MATS, GROUP>(sbase + s * SLOT16 * 16, sb, kb0 + s);
     }
     cp_commit();                                   // empty groups too: one group per block, always
   }
@@ -431,7 +370,6 @@ __global__ void __launch_bounds__(32 * WARPS, (WARPS > 4 ? 1 : min_ctas<NT, GATE
           const uint32_t slot = base + ((j + STAGES - 1) % STAGES) * SLOT16 * 16;
           issue_w<NT, MATS>(slot, qb, blk + STAGES - 1);
           if (XSLOT) issue_x<EVEN_K>(slot + STREAMS * 512, xr, vr, blk + STAGES - 1, K4);
-          if (SSM) issue_s<NT, MATS, GROUP>(sbase + ((j + STAGES - 1) % STAGES) * SLOT16 * 16, sb, blk + STAGES - 1);
         }
         cp_commit();
         if (blk + 1 < kb1) load_xs<NT, MATS, GROUP, EVEN_K, !XSM && !XPRE>(xs[(j + 1) & 1], sb, xr, vr, blk + 1, K4);
@@ -455,7 +393,6 @@ __global__ void __launch_bounds__(32 * WARPS, (WARPS > 4 ? 1 : min_ctas<NT, GATE
 #pragma unroll
           for (int st = 0; st < 8; ++st) xs[j & 1].x[st] = lds64(xrow + blk * 256 + 32 * st);
         }
-        if constexpr (SSM) load_ssm<NT, MATS, GROUP>(xs[j & 1].sc, sbase + j * SLOT16 * 16);
         block_mma<NT, MATS, GROUP, FOLD>(w, xs[j & 1].x, xs[j & 1].sc, part, acc, xoff);
       }
     }
@@ -511,7 +448,7 @@ __global__ void __launch_bounds__(32 * WARPS, (WARPS > 4 ? 1 : min_ctas<NT, GATE
       (xsm != 0) == XSM_) {                                                                              \
     constexpr int W_ = kq_lanes_cta_warps(KSPLIT_);                                                      \
     constexpr int CG = W_ / KSPLIT_;                                                                     \
-    constexpr int SMEM = W_ * STAGES_ * kq_lanes::slot_bytes(NT_ * (GATED_ ? 2 : 1) * 2, XSM_, GROUP_);       \
+    constexpr int SMEM = W_ * STAGES_ * (NT_ * (GATED_ ? 2 : 1) * 2 * 512 + (XSM_ ? kq_lanes::XSLOT_BYTES : 0)); \
     const dim3 grid((n_tiles + 2 * NT_ * CG - 1) / (2 * NT_ * CG), n_blocks);                            \
     if (K % 128 == 0) {                                                                                  \
       auto* k = kq_lanes::moe_lanes_kernel<NT_, GATED_, GROUP_, W_, KSPLIT_, STAGES_, FOLD_, XSM_, true, false>; \
@@ -554,7 +491,7 @@ constexpr int kq_lanes_cta_warps(int ksplit) { return ksplit > kq_lanes_warps ? 
   if (nt == NT_ && ksplit == KSPLIT_ && stages == STAGES_ && (xpre != 0) == XPRE_) {                     \
     constexpr int W_ = kq_lanes_cta_warps(KSPLIT_);                                                      \
     constexpr int CG = W_ / KSPLIT_;                                                                     \
-    const int smem = W_ * STAGES_ * kq_lanes::slot_bytes(NT_ * 2, false, GROUP_) +                       \
+    const int smem = W_ * STAGES_ * NT_ * 2 * 512 +                                          \
                      (XPRE_ ? (p.rows < 8 ? p.rows : 8) * kq_lanes::xpre_row_bytes(p.kb_total) : 0);     \
     const dim3 grid((p.rows + 7) / 8, (n_tiles + 2 * NT_ * CG - 1) / (2 * NT_ * CG));                    \
     auto* k = K % 128 == 0                                                                               \
