@@ -5,8 +5,8 @@ GPU: nvcc compiles the named instances for sm_90a, Triton's bundled cuobjdump di
     python benchmarks/lanes_sass.py --dense --xpre --ksplit 4 --nt 2
 
 One row per instance: the whole function's instruction count without NOPs (its main loop is unrolled
-STAGES times), registers and spilled bytes as ptxas reports them, and the most frequent opcodes. Needs
-nvcc on PATH.
+STAGES times), the instructions of each block of the unrolled loop (from one cp.async wait to the next),
+registers and spilled bytes as ptxas reports them, and the most frequent opcodes. Needs nvcc on PATH.
 """
 from __future__ import annotations
 
@@ -54,15 +54,20 @@ def main() -> None:
         info = re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores.*?Used (\d+) registers",
                           r.stderr, re.S)
         sass = subprocess.run([CUOBJDUMP, "-sass", cubin], capture_output=True, text=True, check=True).stdout
-    funcs = {}
+    funcs, blocks = {}, {}
     for chunk in sass.split("Function : ")[1:]:
         name = chunk.split()[0]
         ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", chunk, re.M)
         funcs[name] = collections.Counter(o for o in ops if o != "NOP")      # NOPs: alignment padding
+        # the unrolled main loop: one cp.async wait (DEPBAR.LE) per 128-input block, so the instructions
+        # from one wait to the next are one block's (the last block's run on to the loop's end)
+        waits = [i for i, o in enumerate(ops) if o == "DEPBAR"]
+        blocks[name] = [sum(o != "NOP" for o in ops[a:b]) for a, b in zip(waits, waits[1:])]
     for name, spill, regs in info:
         ops = funcs.get(name, collections.Counter())
         top = ", ".join(f"{o} {n}" for o, n in ops.most_common(6))
-        print(f"{name}: {sum(ops.values())} instructions, {regs} registers, {spill} bytes spilled; {top}")
+        per = f", per block {'/'.join(map(str, blocks.get(name, [])))}" if blocks.get(name) else ""
+        print(f"{name}: {sum(ops.values())} instructions{per}, {regs} registers, {spill} bytes spilled; {top}")
 
 
 if __name__ == "__main__":

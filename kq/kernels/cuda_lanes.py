@@ -96,10 +96,10 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: in
       waves, 156.8-157.6 against 164.9-166.2; GLM-5.2 16 tokens at ten waves 378.1-378.8 against
       379.4-383.9, at 64 tokens, twenty waves, 891.7-899.6 against 839.9-841.7, so not there); SCALE_A
       is not taken for gate+up (eleventh session: at GLM-5.2 16 tokens, group 32, faster than the FOLD
-      instance in three of four timings and slower in the fourth, 365.8 / 399.3 / 372.2 / 392.8 against
-      390.0 / 403.8 / 404.5 / 379.0 us, lanes_ab_s11_call2_scale_a_c582066.jsonl and
-      kernels_s11_decode_*_call{3,4}.jsonl; slower at Kimi TP-8 64 tokens, 169.7-173.7 against 157.0-159.4,
-      level at 16 tokens, mixed at GLM-5.2 64 tokens);
+      instance in four of five timings by 0.4-8 % and 3.6 % slower in the fifth, 365.8 / 399.3 / 372.2 /
+      396.1 / 392.8 against 390.0 / 403.8 / 404.5 / 397.5 / 379.0 us, lanes_ab_s11_call2_scale_a_c582066.jsonl
+      and kernels_s11_decode_*_call{3,7,4}.jsonl; slower at Kimi TP-8 64 tokens, 169.7-173.7 against
+      157.0-159.7, level at 16 tokens, mixed at GLM-5.2 64 tokens);
     - down: FOLD off (GLM-5.2, 64 tokens, group 128: 365.8-375.9 against 390.9-398.4 us; at group 32,
       since the idle add went, faster in all six cases of the same call: GLM-5.2 1 / 16 / 64 tokens
       20.6 / 193.6 / 415.5 against 21.3 / 198.7 / 424.5, Kimi TP-8 16 / 64 tokens 55.6 / 144.9 against
@@ -107,10 +107,11 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: in
       operand: 124 registers against 151, four CTAs per multiprocessor instead of three; eleventh session,
       benchmarks/results/h200/lanes_ab_s11_call2_scale_a_c582066.jsonl, two rounds: Kimi TP-8 16 / 64
       tokens 47.8-48.1 / 122.0 against 55.6-55.9 / 145.4-145.8 us, GLM-5.2 16 tokens 190.0-190.7 against
-      193.6-194.0, 64 tokens 400.1 / 433.1 against 475.5 / 421.9; calls 3 and 4 of the decode table,
-      kernels_s11_decode_*_call{3,4}.jsonl: Kimi TP-8 1 / 16 / 64 tokens 7.5 / 47.9-48.4 / 120.7-122.5
-      against 8.5 / 55.7-56.7 / 142.9-145.8, GLM-5.2 16 tokens 190.3-193.6 against 194.8-197.7, 64 tokens
-      425.7-428.4 against 417.9-488.1; GLM-5.2 at 1 token 21.8 against 21.1, the one case slower)."""
+      193.6-194.0, 64 tokens 400.1 / 433.1 against 475.5 / 421.9; calls 3, 4 and 7 of the decode table,
+      kernels_s11_decode_*_call{3,4,7}.jsonl: Kimi TP-8 1 / 16 / 64 tokens 7.5 / 47.9-48.4 / 120.5-122.5
+      against 8.5-8.7 / 55.7-56.7 / 142.9-145.8, GLM-5.2 16 tokens 190.3-193.6 against 194.8-197.7, 64 tokens
+      425.7-428.4 against 417.9-488.1; GLM-5.2 at 1 token 21.8-21.9 against 21.0-21.1, the one case
+      slower)."""
     resident = 132 * 16 if group == 128 else SMS_WARPS      # 120 registers at group 128, up to 168 below
     def split(w):                # 8 ways (8-warp CTAs) where that still fits one wave, each part >= 4 blocks
         if gated and 8 * w <= SMS_WARPS and kb >= 32:
