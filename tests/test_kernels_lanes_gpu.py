@@ -88,8 +88,8 @@ def test_every_instance_matches_float64(variants, group):
 @pytest.mark.parametrize("group", [64, 32])
 def test_scale_a_instances_match_float64(variants, group):
     """The SCALE_A instances (the group scale multiplied into the weight operand, so each weight is q * s
-    rounded to bf16): the cases and bound of test_every_instance_matches_float64 (K of 5 and 3 blocks at
-    group 64, 4.5 and 2.5 at 32; a scale read from the wrong group would be off by far more)."""
+    rounded to bf16): the cases and bound of test_every_instance_matches_float64 (K of 5 and 3 blocks, 10 and
+    6 groups at 64, 20 and 12 at 32; a scale read from the wrong group would be off by far more)."""
     test_every_instance_matches_float64(variants, group)
 
 

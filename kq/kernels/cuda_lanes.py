@@ -25,10 +25,10 @@ _SOURCES = ["moe_lanes_binding.cpp", "moe_lanes_launch.cu", "moe_lanes_g128.cu",
 GATE_UP_VARIANTS = [(1, 1, 4, True), (1, 1, 6, True), (1, 4, 4, True), (2, 1, 4, True), (1, 1, 4, False),
                     (1, 4, 4, False), (1, 8, 4, False)]
 # gate+up instances whose activations go through the shared-memory ring too (XSM: 5-tuples ending in True),
-# group 128 only (moe_lanes.cuh KQ_LANES_XSM_128)
+# group 128 only (moe_lanes.cuh KQ_LANES_EXTRA_128)
 GATE_UP_XSM_VARIANTS = [(1, 1, 4, True, True), (2, 1, 4, True, True)]
 # the FOLD field's third value: the exact codes times the group scale in the weight operand (bf16), so the mma
-# sums the weights straight into the accumulators (no per-group partial sums; 123-124 registers at group 32
+# sums the weights straight into the accumulators (no per-group partial sums; 123-125 registers at group 32
 # against 151-163, benchmarks/lanes_sass.py --fold 2); groups 32 and 64 only (moe_lanes.cuh KQ_LANES_SCALE_A)
 SCALE_A = 2
 GATE_UP_SCALE_A_VARIANTS = [(1, 1, 4, SCALE_A), (2, 1, 4, SCALE_A)]
@@ -137,7 +137,7 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: in
 def variant_name(v: tuple) -> str:
     """A MoE instance's name in benchmark rows: n<NT>k<KSPLIT>s<STAGES>, "nf" appended when FOLD is off,
     "sa" for SCALE_A, "x" for the XSM instances (dense instances: dense_variant_name)."""
-    fold = "" if len(v) < 4 or v[3] is True or v[3] == 1 else "sa" if v[3] == SCALE_A else "nf"
+    fold = "" if len(v) < 4 or v[3] == 1 else "sa" if v[3] == SCALE_A else "nf"     # True == 1
     return f"n{v[0]}k{v[1]}s{v[2]}{fold}{'x' if len(v) > 4 and v[4] else ''}"
 
 

@@ -479,7 +479,8 @@ constexpr int kq_lanes_cta_warps(int ksplit) { return ksplit > kq_lanes_warps ? 
 #define KQ_LANES_EXTRA_128 KQ_LANES_TRY(1, true, 128, 1, 4, true, true) KQ_LANES_TRY(2, true, 128, 1, 4, true, true)
 #define KQ_LANES_EXTRA_64 KQ_LANES_SCALE_A(64)
 #define KQ_LANES_EXTRA_32 KQ_LANES_SCALE_A(32)
-// the SCALE_A instances (FOLD 2: the scales multiplied into the weight operand; cuda_lanes.SCALE_A_VARIANTS),
+// the SCALE_A instances (FOLD 2: the scales multiplied into the weight operand; cuda_lanes.GATE_UP_SCALE_A_VARIANTS
+// and DOWN_SCALE_A_VARIANTS),
 // groups 32 and 64 only: at 128 one multiply-add per accumulator and block costs less than a multiply per register
 #define KQ_LANES_SCALE_A(G)                                                                                   \
   KQ_LANES_TRY(1, true, G, 1, 4, 2, false) KQ_LANES_TRY(2, true, G, 1, 4, 2, false)                           \
