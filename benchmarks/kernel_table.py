@@ -62,7 +62,8 @@ def main(paths: list[str]) -> None:
     print("| case | tokens x8 | group | kq gate+up us (TB/s) [instance] | vs SGLang FP8 | vs Marlin | "
           "vs SGLang BF16 | vs SGLang INT4 | vs kq Triton | kq whole MoE us | vs kq Triton whole |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for case in ("glm52", "kimi_tp8"):
+    moe_cases = ("glm52", "kimi_tp8", "kimi", "glm47")     # bench_kernels.MOE_SHAPES, in the tables' order
+    for case in (c for c in moe_cases if any(cc == c for (cc, _, _) in by)):
         for m in sorted({mm for (c, mm, _) in by if c == case}):
             for g in (128, 32):
                 k = picked(by, case, m, f"lanes_g{g}_")
