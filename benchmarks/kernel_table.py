@@ -84,22 +84,25 @@ def main(paths: list[str]) -> None:
 
 def dense(by: dict) -> None:
     """Dense rows (group 128): kq's public w4a16_linear on the lane layout (the CUDA kernel up to 64
-    rows, then dequantise + cuBLAS) and on the tiles layout (Triton, dequantise + cuBLAS from 256)."""
+    rows, then dequantise + cuBLAS) and on the tiles layout (Triton, dequantise + cuBLAS from 256), against
+    cuBLAS BF16 / FP8 and torch's int4 tinygemm (_weight_int4pack_mm, group 128; not run past 512 rows)."""
     cases = sorted({(c, m) for (c, m, kind) in by if kind == "kq_lane_g128"})
     if not cases:
         return
-    print("\n| dense N x K | M | kq lane us (TB/s) | kq tiles us | vs cuBLAS BF16 | vs cuBLAS FP8 | tiles vs BF16 |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| dense N x K | M | kq lane us (TB/s) | kq tiles us | vs cuBLAS BF16 | vs cuBLAS FP8 | vs torch int4 | "
+          "tiles vs BF16 |")
+    print("|---|---|---|---|---|---|---|---|")
     for c, m in cases:
         lane, tiles = by[(c, m, "kq_lane_g128")], by.get((c, m, "kq_g128"))
         if REPICK:        # the instance cuda_lanes.pick_dense chooses now, where the CUDA kernel serves
             from kq.kernels.cuda_lanes import dense_variant_name, pick_dense
             n, k = lane["N"], lane["K"]
             lane = by.get((c, m, "lanes_dense_g128_" + dense_variant_name(pick_dense(m, n // 8, -(-k // 128))))) or lane
-        bf16, fp8 = by.get((c, m, "cublas_bf16")), by.get((c, m, "cublas_fp8"))
+        bf16, fp8, int4 = (by.get((c, m, k)) for k in ("cublas_bf16", "cublas_fp8", "tinygemm_g128"))
         r = lambda p, b: f"{p['us'] / b['us']:.2f}x ({p['us']:.1f})" if p and b else "n/a"   # noqa: E731
         print(f"| {c.removeprefix('dense_')} | {m} | {lane['us']:.1f} ({lane['GBps'] / 1000:.2f}) | "
-              f"{tiles['us'] if tiles else 'n/a'} | {r(bf16, lane)} | {r(fp8, lane)} | {r(bf16, tiles)} |")
+              f"{tiles['us'] if tiles else 'n/a'} | {r(bf16, lane)} | {r(fp8, lane)} | {r(int4, lane)} | "
+              f"{r(bf16, tiles)} |")
 
 
 if __name__ == "__main__":
