@@ -24,25 +24,18 @@ import os
 import sys
 from collections import defaultdict
 
+from kernel_table import load, repicked
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
-sys.path.insert(0, HERE)
 
 TARGET = {128: 1.7, 32: 1.6}
 
 
-def main(decode: str, probe: str) -> None:
+def main(paths: list[str]) -> None:
     from bench_kernels import MOE_SHAPES
-    from kq.kernels.cuda_lanes import pick, variant_name
-    rows, env = {}, {}
-    for line in open(decode):
-        if not line.startswith("{"):
-            continue
-        r = json.loads(line)
-        if "case" not in r:
-            env = env or r
-        elif "us" in r:
-            rows[(r["case"], r["M"], r["kind"])] = r
+    decode, probe = paths
+    rows, env = load([decode])
     probes = defaultdict(lambda: float("inf"))
     for line in open(probe):
         r = json.loads(line)
@@ -57,10 +50,10 @@ def main(decode: str, probe: str) -> None:
           "mma TFLOP/s | nomem x floor | noweight x floor | noscale x floor |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for case in ("glm52", "kimi_tp8"):
-        e, h, i = MOE_SHAPES[case]
+        _, h, i = MOE_SHAPES[case]
         for m in (16, 64):
             for g in (128, 32):
-                k = rows.get((case, m, f"lanes_g{g}_" + variant_name(pick(m * 8, e, i // 8, -(-h // 128), True, g))))
+                k = repicked(rows, case, m, f"lanes_g{g}_")
                 fp8 = rows.get((case, m, "sgl_fp8"))
                 if k is None or fp8 is None:
                     continue
@@ -79,4 +72,4 @@ def main(decode: str, probe: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1:])

@@ -20,7 +20,7 @@ def _printed(module: str, *args: str) -> list[str]:
         mod = __import__(module)
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            mod.main(list(args)) if module == "kernel_table" else mod.main(*args)
+            mod.main(list(args))
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     return [line for line in out.getvalue().splitlines() if line.startswith("| ") and not line.startswith("| case")
