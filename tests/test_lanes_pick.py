@@ -34,6 +34,10 @@ def test_every_pick_is_a_built_instance(shape, tokens, group):
     ("glm52", 16, 32, (1, 1, 4, True)),        # ten waves: FOLD on (SCALE_A: faster in 4 of 5 timings, not taken)
     ("glm52", 64, 32, (2, 1, 4, True)),        # past twelve waves: two tile pairs per warp (tenth session)
     ("glm52", 64, 128, (2, 1, 4, True)),
+    ("kimi", 64, 128, (1, 1, 4, True)),        # past twelve waves but 1.3 pairs per expert: one (twelfth session)
+    ("kimi", 64, 32, (1, 1, 4, True)),
+    ("kimi", 16, 128, (1, 1, 4, True)),
+    ("glm47", 64, 128, (1, 1, 4, True)),       # 7.3 waves
     ("glm52", 192, 128, (1, 1, 4, True)),      # above decode sizes (6 pairs per expert): one pair, as measured
 ])
 def test_gate_up_picks_of_the_measured_shapes(shape, tokens, group, want):

@@ -89,7 +89,12 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: in
       of the eighth to tenth sessions, benchmarks/results/h200/kernels_s{8,9,10}_decode_*.jsonl, two pairs
       ran group 32 1-5 % faster in all seven, 811.5-902.2 against 853.7-910.8 us, and group 128 0.8 %
       faster on average, faster in four, level in one, 0.4-0.8 % slower in two; at 16 tokens, 7.8 /
-      10.3 waves, one pair is as fast or faster; above decode sizes, unmeasured, one pair as before); FOLD
+      10.3 waves, one pair is as fast or faster; above decode sizes, unmeasured, one pair as before), where
+      there are at least two pairs per expert (GLM-5.2 64 tokens: 512 pairs, 256 experts; Kimi K2's full
+      experts at 64 tokens, 384 experts, 23 / 31 waves: one pair 1101.6 against 1268.4 us at group 128,
+      1268.3 against 1387.3 at 32; twelfth session, h200/kernels_s12_decode_2800832_call1.jsonl; presumably the
+      activation loads a warp shares between its two pairs are what pays, and they grow with the pairs a
+      routing block holds); FOLD
       off up to four waves of warps (GLM-5.2, 1 token: 33.6-34.0 against 36.8-36.9 us at group 128,
       39.3-39.7 against 41.2-41.7 at 32; since FOLD off lost its idle per-group add, tenth session,
       benchmarks/results/h200/lanes_ab_s10_call1_fold2_833fe7d.jsonl: Kimi TP-8 64 tokens group 32, 3.9
@@ -124,7 +129,7 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: in
             return 2, 1, 4, True, True
         return 1, 1, 4, True, True
     # measured at decode sizes only (moe_routing.decode_size: <= 4 pairs per expert; not imported, it needs triton)
-    past_12_waves = warps > 12 * resident and pairs <= 4 * experts
+    past_12_waves = warps > 12 * resident and 2 * experts <= pairs <= 4 * experts
     if gated and (resident < warps <= 2 * resident or past_12_waves):
         nt, warps = 2, warps // 2
     ks = split(warps)
