@@ -31,11 +31,15 @@ def test_every_pick_is_a_built_instance(shape, tokens, group):
     ("glm52", 16, 128, (1, 1, 4, True)),       # ten waves: the register sets
     ("glm52", 1, 64, (1, 1, 4, False)),        # no XSM instances below group 128: under one wave, FOLD off
     ("kimi_tp8", 64, 32, (1, 1, 4, False)),     # 3.9 waves: FOLD off (tenth session)
-    ("glm52", 16, 32, (1, 1, 4, True)),        # ten waves: FOLD on (SCALE_A: faster in 4 of 5 timings, not taken)
+    ("glm52", 16, 32, (1, 1, 4, False)),       # ten waves, under 2 pairs per expert: FOLD off (twelfth session)
     ("glm52", 64, 32, (2, 1, 4, True)),        # past twelve waves: two tile pairs per warp (tenth session)
     ("glm52", 64, 128, (2, 1, 4, True)),
     ("kimi", 64, 128, (1, 1, 4, True)),        # past twelve waves but 1.3 pairs per expert: one (twelfth session)
-    ("kimi", 64, 32, (1, 1, 4, True)),
+    ("kimi", 64, 32, (1, 1, 4, False)),
+    ("kimi", 16, 32, (1, 1, 4, False)),
+    ("glm47", 16, 32, (1, 1, 4, False)),
+    ("glm47", 64, 32, (1, 1, 4, True)),        # 3.2 pairs per expert: FOLD on (level)
+    ("glm52", 192, 32, (1, 1, 4, True)),
     ("kimi", 16, 128, (1, 1, 4, True)),
     ("glm47", 64, 128, (1, 1, 4, True)),       # 7.3 waves
     ("glm52", 192, 128, (1, 1, 4, True)),      # above decode sizes (6 pairs per expert): one pair, as measured

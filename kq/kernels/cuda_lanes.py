@@ -99,7 +99,14 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: in
       39.3-39.7 against 41.2-41.7 at 32; since FOLD off lost its idle per-group add, tenth session,
       benchmarks/results/h200/lanes_ab_s10_call1_fold2_833fe7d.jsonl: Kimi TP-8 64 tokens group 32, 3.9
       waves, 156.8-157.6 against 164.9-166.2; GLM-5.2 16 tokens at ten waves 378.1-378.8 against
-      379.4-383.9, at 64 tokens, twenty waves, 891.7-899.6 against 839.9-841.7, so not there); SCALE_A
+      379.4-383.9, at 64 tokens, twenty waves, 891.7-899.6 against 839.9-841.7, so not there), and at
+      group 32 past four waves too where one tile pair per warp runs with fewer than two pairs per expert
+      (the decode tables of the tenth to twelfth sessions, kernels_s1{0,1,2}_decode_*.jsonl: GLM-5.2 16
+      tokens faster in 8 of 11, 368.7-396.6 against 378.4-404.5 us, 0.1-3.5 % slower in the other three;
+      Kimi K2 16 / 64 tokens 467.3-467.5 / 1224.3-1246.4 against 483.0-483.7 / 1268.3-1270.0, GLM-4.7 16
+      tokens 207.2-208.2 against 215.3-215.8; at GLM-5.2 64 tokens, 2 pairs per expert, one pair without
+      FOLD was 1-17 % slower in every table, so not there; group 128 keeps FOLD on: GLM-5.2 and Kimi K2
+      16 tokens 1-3 % slower without it; group 64 unmeasured, as before); SCALE_A
       is not taken for gate+up (eleventh session: at GLM-5.2 16 tokens, group 32, faster than the FOLD
       instance in four of five timings by 0.4-8 % and 3.6 % slower in the fifth, 365.8 / 399.3 / 372.2 /
       396.1 / 392.8 against 390.0 / 403.8 / 404.5 / 397.5 / 379.0 us, lanes_ab_s11_call2_scale_a_c582066.jsonl
@@ -135,7 +142,7 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: in
     ks = split(warps)
     if group == 32 and ks == 1 and not gated:
         return nt, 1, 4, SCALE_A
-    fold = gated and not (nt == 1 and warps <= 4 * resident)
+    fold = gated and not (nt == 1 and (warps <= 4 * resident or group == 32 and pairs < 2 * experts))
     return nt, ks, 4, fold
 
 
