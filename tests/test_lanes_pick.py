@@ -33,7 +33,10 @@ def test_every_pick_is_a_built_instance(shape, tokens, group):
     ("kimi_tp8", 64, 32, (1, 1, 4, False)),     # 3.9 waves: FOLD off (tenth session)
     ("glm52", 16, 32, (1, 1, 4, False)),       # ten waves, under 2 pairs per expert: FOLD off (twelfth session)
     ("glm52", 64, 32, (2, 1, 4, True)),        # past twelve waves: two tile pairs per warp (tenth session)
-    ("glm52", 64, 128, (2, 1, 4, True)),
+    ("glm52", 64, 128, (1, 1, 4, True)),       # group 128: one pair (level at GLM-5.2, 8-15 % on Kimi K2)
+    ("glm52", 128, 32, (2, 1, 4, True)),       # 4 pairs per expert
+    ("kimi", 128, 32, (2, 1, 4, True)),        # 2.7 pairs per expert
+    ("kimi", 128, 128, (1, 1, 4, True)),
     ("kimi", 64, 128, (1, 1, 4, True)),        # past twelve waves but 1.3 pairs per expert: one (twelfth session)
     ("kimi", 64, 32, (1, 1, 4, False)),
     ("kimi", 16, 32, (1, 1, 4, False)),

@@ -89,12 +89,14 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: in
       of the eighth to tenth sessions, benchmarks/results/h200/kernels_s{8,9,10}_decode_*.jsonl, two pairs
       ran group 32 1-5 % faster in all seven, 811.5-902.2 against 853.7-910.8 us, and group 128 0.8 %
       faster on average, faster in four, level in one, 0.4-0.8 % slower in two; at 16 tokens, 7.8 /
-      10.3 waves, one pair is as fast or faster; above decode sizes, unmeasured, one pair as before), where
-      there are at least two pairs per expert (GLM-5.2 64 tokens: 512 pairs, 256 experts; Kimi K2's full
-      experts at 64 tokens, 384 experts, 23 / 31 waves: one pair 1101.6 against 1268.4 us at group 128,
-      1268.3 against 1387.3 at 32; twelfth session, h200/kernels_s12_decode_2800832_call1.jsonl; presumably the
-      activation loads a warp shares between its two pairs are what pays, and they grow with the pairs a
-      routing block holds); FOLD
+      10.3 waves, one pair is as fast or faster; above decode sizes, unmeasured, one pair as before), below
+      group 128 only, and only where there are at least two pairs per expert (twelfth session, with Kimi
+      K2's full experts, h200/kernels_s12_decode_*_call{1,2,3}.jsonl and kernels_s12_t128_7b7f565_call3.json:
+      at group 32 two pairs won 1.3-3 % at GLM-5.2 64 / 128 tokens and Kimi K2 128 tokens, 2 / 4 / 2.7
+      pairs per expert, and lost 8-11 % at Kimi K2 64 tokens, 1.3 pairs per expert, 1328.3-1387.3 against
+      1224.3-1246.4 us one pair without FOLD; at group 128 they won at most 2.4 %, GLM-5.2 128 tokens 859.3
+      against 879.8, were level at GLM-5.2 64 tokens, 718.0-729.6 against 724.4-732.9, and lost 8-15 % on
+      Kimi K2, 64 tokens 1210.5-1268.4 against 1094.4-1101.6, 128 tokens 1503.1 against 1392.1); FOLD
       off up to four waves of warps (GLM-5.2, 1 token: 33.6-34.0 against 36.8-36.9 us at group 128,
       39.3-39.7 against 41.2-41.7 at 32; since FOLD off lost its idle per-group add, tenth session,
       benchmarks/results/h200/lanes_ab_s10_call1_fold2_833fe7d.jsonl: Kimi TP-8 64 tokens group 32, 3.9
@@ -136,7 +138,7 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: in
             return 2, 1, 4, True, True
         return 1, 1, 4, True, True
     # measured at decode sizes only (moe_routing.decode_size: <= 4 pairs per expert; not imported, it needs triton)
-    past_12_waves = warps > 12 * resident and 2 * experts <= pairs <= 4 * experts
+    past_12_waves = group < 128 and warps > 12 * resident and 2 * experts <= pairs <= 4 * experts
     if gated and (resident < warps <= 2 * resident or past_12_waves):
         nt, warps = 2, warps // 2
     ks = split(warps)
