@@ -13,7 +13,9 @@ Per case and group (gate+up, top-8), from the decode table (bench_kernels.py --l
 - TFLOP/s: the mma work the kernel executes (8 rows per routed expert: an 8-row block per expert at these
   sizes, 2 * 8 * N * K each) over kq's time, against the same call's cuBLAS BF16 GEMM at 4096 rows;
 - nomem / noweight / noscale: the picked instance's time without weight and scale traffic, without weight
-  copies, without scale loads (the probe call, best of its rounds), over the floor. The nomem time is the
+  copies, without scale loads (the probe call, best of its rounds), over the floor; "n/a" where the probe
+  did not run that case, or ran another instance than today's pick (named: each probe row's "instance", or
+  for older rows a <probe>.instances.json beside the file). The nomem time is the
   kernel's instruction stream with its activation loads alone: where it comes close to the floor, the two
   overlap badly and the kernel lands well above the floor.
 """
@@ -37,19 +39,22 @@ def main(paths: list[str]) -> None:
     decode, probe = paths
     rows, env = load([decode])
     probes = defaultdict(lambda: float("inf"))
+    side = os.path.splitext(probe)[0] + ".instances.json"
+    probed = json.load(open(side)) if os.path.exists(side) else {}
     for line in open(probe):
         r = json.loads(line)
         if r["stage"] == "gate_up":
             probes[(r["case"], r["variant"])] = min(probes[(r["case"], r["variant"])], r["us"])
+            probed.setdefault(r["case"], r.get("instance"))
     read = env["read_TBps"]
     cublas = rows.get(("dense_12288x6144", 4096, "cublas_bf16"))
     peak = cublas["TFLOPs"] if cublas else float("nan")
     print(f"{env.get('gpu')}, {env.get('date')}: read probe {read} TB/s, cuBLAS BF16 12288x6144x4096 "
           f"{peak:.0f} TFLOP/s\n")
-    print("| case | tokens x8 | group | bytes GB | floor us | kq us (x floor) | FP8 us | target us (x floor) | "
+    print("| case | tokens x8 | group | bytes GB | floor us | kq us (x floor) [instance] | FP8 us | target us (x floor) | "
           "mma TFLOP/s | nomem x floor | noweight x floor | noscale x floor |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for case in ("glm52", "kimi_tp8"):
+    for case in dict.fromkeys(k[0] for k in rows if k[0] in MOE_SHAPES):     # the run's order, as kernel_table
         _, h, i = MOE_SHAPES[case]
         for m in (16, 64):
             for g in (128, 32):
@@ -63,10 +68,14 @@ def main(paths: list[str]) -> None:
                 tflops = 2 * 8 * 2 * i * h * k["experts_touched"] / k["us"] / 1e6
                 name = f"{case}:{m}:g{g}"
 
+                inst = k["kind"].rsplit("_", 1)[1]
+
                 def probe_x(v):
                     us = probes.get((name, v))
+                    if us and probed.get(name) not in (None, inst):
+                        return f"n/a (probed {probed[name]})"
                     return f"{us / floor:.2f} ({us:.1f})" if us else "n/a"
-                print(f"| {case} | {m} | {g} | {gb:.3f} | {floor:.1f} | {k['us']:.1f} ({k['us'] / floor:.2f}) | "
+                print(f"| {case} | {m} | {g} | {gb:.3f} | {floor:.1f} | {k['us']:.1f} ({k['us'] / floor:.2f}) [{inst}] | "
                       f"{fp8['us']:.1f} | {target:.1f} ({target / floor:.2f}) | {tflops:.0f} | {probe_x('nomem')} | "
                       f"{probe_x('noweight')} | {probe_x('noscale')} |")
 

@@ -5,7 +5,7 @@
 #    call of this script: $OUT/rec/sgl_jit.tgz, copied there by hand) it is unpacked first, and the
 #    build is a cache hit;
 #  - meanwhile the kernel GPU tests (not with SKIP_TESTS=1), the decode table (bench_kernels.py --lanes on the MoE shapes
-#    MOE, default glm52,kimi_tp8, against cuBLAS and
+#    MOE, default all four shapes of #3: glm52,kimi_tp8,kimi,glm47, against cuBLAS and
 #    SGLang's FP8 MoE at 1/16/64 tokens, groups 128 and 32, with the dense rows), and with NCU=1
 #    Nsight Compute on the lane kernel's picked instances (benchmarks/ncu_lanes.py);
 #  - then Marlin's rows in a second process (the routings are seeded per case: the same ones).
@@ -32,7 +32,7 @@ if [ "${NCU:-0}" = 1 ]; then
 fi
 wait $W; echo "marlin warm rc $? after $(( $(date +%s) - T0 )) s"
 timeout "${MARLIN_TIMEOUT:-100}" python3 benchmarks/bench_kernels.py --out "$R" --no-kq --peers marlin --skip-dense \
-  --moe "${MOE:-glm52,kimi_tp8}" --tokens 1,16,64 --groups 128,32 --tag _marlin > "$R/marlin.log" 2>&1
+  --moe "${MOE:-glm52,kimi_tp8,kimi,glm47}" --tokens 1,16,64 --groups 128,32 --tag _marlin > "$R/marlin.log" 2>&1
 echo "marlin rows rc $? after $(( $(date +%s) - T0 )) s"
 kill $C
 python3 benchmarks/clock_rows.py "$R/decode.log" "$R/clocks.csv" > "$R/clock_rows.txt" 2>&1; head -1 "$R/clock_rows.txt"

@@ -107,6 +107,8 @@ def dense(by: dict) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
+    if not args or args[0] in ("-h", "--help"):
+        sys.exit(__doc__)
     if "--repick" in args:
         args.remove("--repick")
         REPICK = True

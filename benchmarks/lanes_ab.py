@@ -93,22 +93,28 @@ def main() -> None:
                 else:
                     fns = [lambda rt=rt, a=a, o=o, lm=lm, inst=inst: cuda_lanes.moe_down(a, lm, rt, inst, out=o)
                            for rt, a, o in zip(rts, acts, ys)]
+                # the instance timed, by name (what pick chose at this commit when none is given)
+                gated = stage == "gate_up"
+                which = inst or cuda_lanes.pick(m * 8, e, (i if gated else h) // 8, -(-(h if gated else i) // 128),
+                                                gated, group)
                 cases.append((f"{name}:{m}:g{group}", stage + (f":{cuda_lanes.variant_name(inst)}" if inst else ""),
-                              fns, acts if stage == "gate_up" else ys))
+                              fns, acts if gated else ys, cuda_lanes.variant_name(which)))
     for n, k in DENSE_SHAPES:
         w = random_lane_linear(n, k, 128)
         for m in (int(v) for v in args.dense_m.split(",")):
             a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
             y = torch.empty(m, n, device=DEV, dtype=torch.bfloat16)
             for inst in cuda_lanes.DENSE_VARIANTS if args.all_instances else [None]:
+                which = inst or cuda_lanes.pick_dense(m, n // 8, -(-k // 128))
                 cases.append((f"dense_{n}x{k}:{m}", "linear" + (f":{cuda_lanes.dense_variant_name(inst)}" if inst else ""),
-                              [lambda a=a, y=y, w=w, inst=inst: cuda_lanes.linear(a, w, inst, out=y)], [y]))
+                              [lambda a=a, y=y, w=w, inst=inst: cuda_lanes.linear(a, w, inst, out=y)], [y],
+                              cuda_lanes.dense_variant_name(which)))
     if args.cases:
         cases = [c for c in cases if any(f in c[0] for f in args.cases.split(","))]
     ref = {}
     for r in range(args.rounds):
         order = names[r % len(names):] + names[:r % len(names)]
-        for case, stage, fns, outs in cases:
+        for case, stage, fns, outs, inst in cases:
             for v in order:
                 cuda_lanes._ext = lambda v=v: mods[v]       # the variant serves cuda_lanes' calls
                 for o in outs:
@@ -123,8 +129,8 @@ def main() -> None:
                 elif (case, stage) in ref:
                     same = all(torch.equal(g, h) for g, h in zip(got, ref[(case, stage)]))
                 us = graph_us(fns)
-                print(json.dumps({"round": r, "case": case, "stage": stage, "variant": v, "us": round(us, 2),
-                                  "same_as_base": same}), flush=True)
+                print(json.dumps({"round": r, "case": case, "stage": stage, "variant": v, "instance": inst,
+                                  "us": round(us, 2), "same_as_base": same}), flush=True)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RES = ROOT / "benchmarks" / "results" / "h200"
-DECODE = RES / "kernels_s11_decode_0aeeec1_call7.jsonl"
-MARLIN = RES / "kernels_s11_marlin_0aeeec1_call7.json"
+DECODE = RES / "kernels_s12_decode_a1f86d7_call4.jsonl"
+MARLIN = RES / "kernels_s12_marlin_a1f86d7_call4.json"
 PROBE = RES / "lanes_ab_s11_call5_probe_4cb0706.jsonl"
 
 

@@ -91,12 +91,13 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: in
       faster on average, faster in four, level in one, 0.4-0.8 % slower in two; at 16 tokens, 7.8 /
       10.3 waves, one pair is as fast or faster; above decode sizes, unmeasured, one pair as before), below
       group 128 only, and only where there are at least two pairs per expert (twelfth session, with Kimi
-      K2's full experts, h200/kernels_s12_decode_*_call{1,2,3}.jsonl and kernels_s12_t128_7b7f565_call3.json:
-      at group 32 two pairs won 1.3-3 % at GLM-5.2 64 / 128 tokens and Kimi K2 128 tokens, 2 / 4 / 2.7
-      pairs per expert, and lost 8-11 % at Kimi K2 64 tokens, 1.3 pairs per expert, 1328.3-1387.3 against
-      1224.3-1246.4 us one pair without FOLD; at group 128 they won at most 2.4 %, GLM-5.2 128 tokens 859.3
-      against 879.8, were level at GLM-5.2 64 tokens, 718.0-729.6 against 724.4-732.9, and lost 8-15 % on
-      Kimi K2, 64 tokens 1210.5-1268.4 against 1094.4-1101.6, 128 tokens 1503.1 against 1392.1); FOLD
+      K2's full experts, h200/kernels_s12_decode_*_call{1..5}.jsonl and kernels_s12_t128_*_call{3,4}.json:
+      at group 32 two pairs won 1.0-3.4 % at GLM-5.2 64 tokens, 2 pairs per expert, five calls, and Kimi K2
+      128 tokens, 2.7, two calls, won 1.6 % and lost 10 % at GLM-5.2 128 tokens, 4, and lost 7-11 % at Kimi
+      K2 64 tokens, 1.3 pairs per expert, 1325.2-1410.8 against 1224.3-1301.5 us one pair without FOLD; at
+      group 128 they won 0.5-2.4 % at GLM-5.2 128 tokens, were about level at GLM-5.2 64 tokens, 718.0-747.0
+      against 724.4-777.5, faster in three calls, slower in two, and lost 7-19 % at Kimi K2 64 tokens,
+      1176.3-1392.1 against 1088.2-1166.5, and 1.6-8 % at 128 tokens); FOLD
       off up to four waves of warps (GLM-5.2, 1 token: 33.6-34.0 against 36.8-36.9 us at group 128,
       39.3-39.7 against 41.2-41.7 at 32; since FOLD off lost its idle per-group add, tenth session,
       benchmarks/results/h200/lanes_ab_s10_call1_fold2_833fe7d.jsonl: Kimi TP-8 64 tokens group 32, 3.9
