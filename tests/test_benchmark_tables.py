@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RES = ROOT / "benchmarks" / "results" / "h200"
 DECODE = RES / "kernels_s12_decode_a1f86d7_call4.jsonl"
 MARLIN = RES / "kernels_s12_marlin_a1f86d7_call4.json"
-PROBE = RES / "lanes_ab_s11_call5_probe_4cb0706.jsonl"
+PROBES = (RES / "lanes_ab_s11_call5_probe_4cb0706.jsonl", RES / "lanes_ab_s12_call6_probe_b19727f.jsonl")
 
 
 def _printed(module: str, *args: str) -> list[str]:
@@ -28,7 +28,7 @@ def _printed(module: str, *args: str) -> list[str]:
 
 
 @pytest.mark.parametrize("module,args", [("kernel_table", (str(DECODE), str(MARLIN))),
-                                         ("bound_table", (str(DECODE), str(PROBE)))])
+                                         ("bound_table", (str(DECODE), *map(str, PROBES)))])
 def test_the_table_of_record_is_what_the_scripts_print(module, args):
     rows = _printed(module, *args)
     assert len(rows) >= 8
