@@ -335,8 +335,7 @@ def lanes_case(base, e, h, i, m, topk, group, tis, tw, a, touched):
         decode = decode_size(m * topk, e)
         rts = [kops.moe_align(t, e, 8) for t in tis]
         act = torch.randn(m * topk, i, device=DEV, dtype=torch.bfloat16)
-        pick1 = cuda_lanes.pick(m * topk, e, i // 8, -(-h // 128), True, group)
-        pick2 = cuda_lanes.pick(m * topk, e, h // 8, -(-i // 128), False, group)
+        pick1, pick2 = (cuda_lanes.pick_stage(m * topk, e, h, i, gated, group) for gated in (True, False))
         name = cuda_lanes.variant_name
         for v in cuda_lanes.stage_variants(True, group) if decode else [pick1]:
             us = graph_us([lambda rt=rt: cuda_lanes.moe_gate_up(a, lm, rt, topk, v) for rt in rts])

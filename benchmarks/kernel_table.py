@@ -49,10 +49,10 @@ def repicked(by: dict, case: str, m: int, prefix: str):
     """The same run's row of the instance kq.kernels.cuda_lanes.pick chooses now (gate+up, top-8; the
     dense rows likewise take pick_dense's instance up to 64 rows)."""
     from bench_kernels import MOE_SHAPES
-    from kq.kernels.cuda_lanes import pick, variant_name
+    from kq.kernels.cuda_lanes import pick_stage, variant_name
     e, h, i = MOE_SHAPES[case]
     group = int(prefix.rstrip("_").rsplit("_g", 1)[1])
-    return by.get((case, m, prefix + variant_name(pick(m * 8, e, i // 8, -(-h // 128), True, group))))
+    return by.get((case, m, prefix + variant_name(pick_stage(m * 8, e, h, i, True, group))))
 
 
 def main(paths: list[str]) -> None:

@@ -100,8 +100,7 @@ def main() -> None:
                            for rt, a, o in zip(rts, acts, ys)]
                 # the instance timed, by name (what pick chose at this commit when none is given)
                 gated = stage == "gate_up"
-                which = inst or cuda_lanes.pick(m * 8, e, (i if gated else h) // 8, -(-(h if gated else i) // 128),
-                                                gated, group)
+                which = inst or cuda_lanes.pick_stage(m * 8, e, h, i, gated, group)
                 cases.append((f"{name}:{m}:g{group}", stage + (f":{cuda_lanes.variant_name(inst)}" if inst else ""),
                               fns, acts if gated else ys, cuda_lanes.variant_name(which)))
     for n, k in DENSE_SHAPES:

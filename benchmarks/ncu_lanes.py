@@ -44,7 +44,7 @@ def main() -> None:
         ids = routings(e, m, 8, 1)[0]
         x = torch.randn(m, h, device=DEV, dtype=torch.bfloat16)
         rt = kops.moe_align(ids, e, 8)
-        v = cuda_lanes.pick(rt[0].numel(), e, i // 8, h // PACK_K, True, group)
+        v = cuda_lanes.pick_stage(rt[0].numel(), e, h, i, True, group)
         for _ in range(2):
             cuda_lanes.moe_gate_up(x, lm, rt, 8)
         torch.cuda.synchronize()

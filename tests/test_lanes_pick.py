@@ -19,6 +19,18 @@ def test_every_pick_is_a_built_instance(shape, tokens, group):
     assert cuda_lanes.pick(tokens * 8, e, h // 8, -(-i // 128), False, group) in cuda_lanes.stage_variants(False, group)
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("tokens", [1, 16, 64, 128])
+@pytest.mark.parametrize("group", [32, 128])
+@pytest.mark.parametrize("gated", [True, False])
+def test_pick_stage_passes_the_stage_sizes_as_the_kernel_call_does(shape, tokens, group, gated):
+    """pick_stage (the benchmarks' "picked" instance) = pick with the tile and block counts of that stage."""
+    e, h, i = SHAPES[shape]
+    n, k = (i, h) if gated else (h, i)
+    assert cuda_lanes.pick_stage(tokens * 8, e, h, i, gated, group) == cuda_lanes.pick(tokens * 8, e, n // 8,
+                                                                                   -(-k // 128), gated, group)
+
+
 @pytest.mark.parametrize("shape,tokens,group,want", [
     ("kimi_tp8", 1, 128, (1, 8, 4, False)),   # 128 warps: split K 8 ways (8-warp CTAs), FOLD off
     ("kimi_tp8", 1, 32, (1, 8, 4, False)),

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from .layout import PrepackedLinear, PrepackedMoE
+from .layout import PACK_K, PrepackedLinear, PrepackedMoE
 
 _SRC = Path(__file__).with_name("cuda")
 _SOURCES = ["moe_lanes_binding.cpp", "moe_lanes_launch.cu", "moe_lanes_g128.cu", "moe_lanes_g64.cu", "moe_lanes_g32.cu"]
@@ -147,6 +147,14 @@ def pick(pairs: int, experts: int, n_tiles: int, kb: int, gated: bool, group: in
         return nt, 1, 4, SCALE_A
     fold = gated and not (nt == 1 and (warps <= 4 * resident or group == 32 and pairs < 2 * experts))
     return nt, ks, 4, fold
+
+
+def pick_stage(pairs: int, experts: int, hidden: int, intermediate: int, gated: bool, group: int = 128) -> tuple:
+    """pick for one stage of a MoE of these sizes, with the arguments _run takes from the prepacked tensors:
+    gate+up's outputs in tiles of 8 over the intermediate size and its K blocks over the hidden size, down's
+    the other way round (what the benchmarks mark as picked)."""
+    n, k = (intermediate, hidden) if gated else (hidden, intermediate)
+    return pick(pairs, experts, n // 8, -(-k // PACK_K), gated, group)
 
 
 def variant_name(v: tuple) -> str:
