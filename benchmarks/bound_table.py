@@ -28,7 +28,7 @@ import os
 import sys
 from collections import defaultdict
 
-from kernel_table import load, repicked
+from kernel_table import load, moe_cases, repicked
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
@@ -59,7 +59,7 @@ def main(paths: list[str]) -> None:
     print("| case | tokens x8 | group | bytes GB | floor us | kq us (x floor) [instance] | FP8 us | target us (x floor) | "
           "mma TFLOP/s | nomem x floor | noweight x floor | noscale x floor |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for case in dict.fromkeys(k[0] for k in rows if k[0] in MOE_SHAPES):     # the run's order, as kernel_table
+    for case in moe_cases(rows):
         _, h, i = MOE_SHAPES[case]
         for m in (16, 64):
             for g in (128, 32):
@@ -72,7 +72,6 @@ def main(paths: list[str]) -> None:
                 target = fp8["us"] / TARGET[g]
                 tflops = 2 * 8 * 2 * i * h * k["experts_touched"] / k["us"] / 1e6
                 name = f"{case}:{m}:g{g}"
-
                 inst = k["kind"].rsplit("_", 1)[1]
 
                 def probe_x(v):

@@ -33,6 +33,11 @@ def load(paths: list[str]) -> tuple[dict, dict]:
     return {(r["case"], r["M"], r["kind"]): r for r in rows if "us" in r and "_sweep" not in r["kind"]}, env
 
 
+def moe_cases(by: dict) -> list[str]:
+    """The MoE cases with lane-kernel rows, in the order the run timed them."""
+    return list(dict.fromkeys(c for (c, _, kind) in by if kind.startswith("lanes_g")))
+
+
 REPICK = False     # --repick: the instance today's cuda_lanes.pick chooses, not the one the run marked
 
 
@@ -62,8 +67,7 @@ def main(paths: list[str]) -> None:
     print("| case | tokens x8 | group | kq gate+up us (TB/s) [instance] | vs SGLang FP8 | vs Marlin | "
           "vs SGLang BF16 | vs SGLang INT4 | vs kq Triton | kq whole MoE us | vs kq Triton whole |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    moe_cases = ("glm52", "kimi_tp8", "kimi", "glm47")     # bench_kernels.MOE_SHAPES, in the tables' order
-    for case in (c for c in moe_cases if any(cc == c for (cc, _, _) in by)):
+    for case in moe_cases(by):
         for m in sorted({mm for (c, mm, _) in by if c == case}):
             for g in (128, 32):
                 k = picked(by, case, m, f"lanes_g{g}_")

@@ -78,9 +78,12 @@ def main() -> None:
     torch.manual_seed(0)
     cases = []
     wanted = [f for f in args.cases.split(",") if f]
+
+    def keep(case: str) -> bool:     # asked before a case's weights are made: a full Kimi K2 case takes 8-9 GB
+        return not wanted or any(f in case for f in wanted)
     for name, m, group in MOE_CASES:
-        if wanted and not any(f in f"{name}:{m}:g{group}" for f in wanted):
-            continue                 # before its weights are made: the full Kimi K2 cases take 8-9 GB each
+        if not keep(f"{name}:{m}:g{group}"):
+            continue
         e, h, i = MOE_SHAPES[name]
         lm = random_lane_moe(e, h, i, group)
         rts = [kops.moe_align(ids, e, 8) for ids in routings(e, m, 8, 12)]
@@ -104,8 +107,9 @@ def main() -> None:
                 cases.append((f"{name}:{m}:g{group}", stage + (f":{cuda_lanes.variant_name(inst)}" if inst else ""),
                               fns, acts if gated else ys, cuda_lanes.variant_name(which)))
     for n, k in DENSE_SHAPES:
-        w = random_lane_linear(n, k, 128)
-        for m in (int(v) for v in args.dense_m.split(",")):
+        ms = [m for m in (int(v) for v in args.dense_m.split(",")) if keep(f"dense_{n}x{k}:{m}")]
+        w = random_lane_linear(n, k, 128) if ms else None
+        for m in ms:
             a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
             y = torch.empty(m, n, device=DEV, dtype=torch.bfloat16)
             for inst in cuda_lanes.DENSE_VARIANTS if args.all_instances else [None]:
@@ -113,8 +117,6 @@ def main() -> None:
                 cases.append((f"dense_{n}x{k}:{m}", "linear" + (f":{cuda_lanes.dense_variant_name(inst)}" if inst else ""),
                               [lambda a=a, y=y, w=w, inst=inst: cuda_lanes.linear(a, w, inst, out=y)], [y],
                               cuda_lanes.dense_variant_name(which)))
-    if args.cases:
-        cases = [c for c in cases if any(f in c[0] for f in args.cases.split(","))]
     ref = {}
     for r in range(args.rounds):
         order = names[r % len(names):] + names[:r % len(names)]
