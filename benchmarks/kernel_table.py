@@ -1,4 +1,4 @@
-"""Markdown tables of record from a bench_kernels.py --lanes run (JSON lines) and its Marlin rows.
+r"""Markdown tables of record from a bench_kernels.py --lanes run (JSON lines) and its Marlin rows.
 
     python benchmarks/kernel_table.py [--repick] benchmarks/results/h200/kernels_s5_0242e99.jsonl \
         benchmarks/results/h200/kernels_s5_marlin_0242e99.json
@@ -112,7 +112,8 @@ def dense(by: dict) -> None:
 if __name__ == "__main__":
     args = sys.argv[1:]
     if not args or args[0] in ("-h", "--help"):
-        sys.exit(__doc__)
+        print(__doc__)
+        sys.exit(0 if args else 2)        # no files: a usage error
     if "--repick" in args:
         args.remove("--repick")
         REPICK = True
