@@ -28,5 +28,9 @@ if [ -n "$LANES" ]; then
 fi
 timeout "${BENCH_TIMEOUT:-330}" python3 benchmarks/w4a8_bench.py $BENCH --out "$OUT" > "$OUT/bench.log" 2>&1
 echo "bench rc $? after $(( $(date +%s) - T0 )) s"
+if [ -n "$BENCH2" ]; then     # a second run into the same rows (e.g. the crossover sizes)
+  timeout "${BENCH2_TIMEOUT:-120}" python3 benchmarks/w4a8_bench.py $BENCH2 --out "$OUT" > "$OUT/bench2.log" 2>&1
+  echo "bench2 rc $? after $(( $(date +%s) - T0 )) s"
+fi
 python3 benchmarks/w4a8_table.py "$OUT/w4a8.jsonl" 2>&1 | tail -40
 grep -v '^{' "$OUT/bench.log" | tail -8

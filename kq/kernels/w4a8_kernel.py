@@ -22,7 +22,7 @@ The int4 -> e4m3 conversion (CVT):
 import triton
 import triton.language as tl
 
-FP8_MAX = 448.0
+FP8_MAX = tl.constexpr(448.0)
 
 
 @triton.jit
