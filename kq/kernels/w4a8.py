@@ -42,7 +42,7 @@ def serves(pp: PrepackedMoE, device: torch.device) -> bool:
 def block_scales(pp: PrepackedMoE) -> tuple[torch.Tensor, torch.Tensor]:
     """The group scales as the kernel reads them, (w13 [E, KB, 2I], w2 [E, KB, H]) bf16, N contiguous:
     one row of a 128-input block is one vectorised load (the lane layout keeps a column's groups
-    together instead). Made once per layer at load time; 1/64 of the INT4 weights' bytes."""
+    together instead). Made once per layer at load time: 1/32 of the INT4 weights' bytes."""
     _check(pp)
     return tuple(s.reshape(s.shape[0], -1, s.shape[-1]).transpose(1, 2).contiguous() for s in (pp.w13_s, pp.w2_s))
 
