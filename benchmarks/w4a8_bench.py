@@ -168,8 +168,10 @@ def check(gen):
     tw = torch.rand(t, k, device=DEV, generator=gen)
     ref = w4a8.reference(x, pp, tw, ti).double()
     for cvt in (0, 1):
-        for cfgs in (w4a8.configs(t * k, e), w4a8.configs(10 ** 9, e)):
-            cfgs = tuple(w4a8.W4A8Config(c.block_m, c.block_n, c.num_warps, c.num_stages, cvt) for c in cfgs)
+        for cfgs in (w4a8.configs(t * k, e), (w4a8.W4A8Config(128, 64, 4, 3, fused_silu=False),
+                                              w4a8.W4A8Config(128, 64, 4, 3))):
+            cfgs = tuple(w4a8.W4A8Config(c.block_m, c.block_n, c.num_warps, c.num_stages, cvt, c.fused_silu)
+                         for c in cfgs)
             out = w4a8.fused_moe_w4a8(x, pp, tw, ti, config=cfgs).double()
             err = ((out - ref).norm() / ref.norm()).item()
             log({"check": "kq_w4a8_vs_reference", "cvt": cvt, "cfg": str(cfgs), "rel_err": err,
@@ -194,11 +196,11 @@ def case(name, t, k, gen, variants, sustained, sweep):
         pp = lane_moe(e, h, i, gen)
         sc = w4a8.block_scales(pp)
         cfg = w4a8.configs(t * k, e)
+        if sweep:
+            cfg = sweep_stages(base, pp, sc, x, tis, k, flops) or cfg
         fns["kq_w4a8"] = [lambda ti=ti, tw=tw: w4a8.fused_moe_w4a8(x, pp, tw, ti, scales=sc, config=cfg)
                           for ti, tw in zip(tis, tws)]
-        info["kq_w4a8"] = {"cfg": str(cfg)}
-        if sweep:
-            sweep_stages(base, pp, sc, x, tis, k, flops)
+        info["kq_w4a8"] = {"cfg": str(cfg), "cfg_from": "sweep" if sweep else "configs()"}
     for v in ("sgl_fp8", "sgl_fp8_gemms"):
         if v in variants:
             try:
@@ -235,30 +237,42 @@ def case(name, t, k, gen, variants, sustained, sweep):
 
 
 def sweep_stages(base, pp, sc, x, tis, k, flops):
-    """Each stage alone over tile configs (stage 1 on the quantised x, stage 2 on a quantised random act)."""
+    """Each stage alone over tile configs, each with the quantisation that feeds the next GEMM (stage 1:
+    its output's quantisation, SiLU*mul there when the epilogue does not fuse it); returns the best
+    (gate+up, down) pair of W4A8Configs."""
     p = tis[0].numel()
     xq, xs = w4a8.quantize_rows(x)
     aq, a_s = w4a8.quantize_rows(torch.randn(p, pp.intermediate, device=DEV, dtype=torch.bfloat16))
-    up = [(64, 64, 4, 4), (64, 32, 4, 4), (64, 64, 4, 2), (64, 32, 4, 3), (128, 64, 8, 4)]
-    dn = [(64, 128, 4, 3), (64, 64, 4, 3), (64, 256, 4, 3), (64, 128, 4, 2), (128, 128, 8, 3)]
+    C = w4a8.W4A8Config
+    up = [C(64, 64, 4, 4), C(64, 64, 4, 4, 0), C(64, 32, 4, 4), C(64, 64, 4, 2),
+          C(128, 64, 4, 3, fused_silu=False), C(128, 64, 4, 4, fused_silu=False), C(64, 128, 4, 3, fused_silu=False),
+          C(128, 128, 8, 3, fused_silu=False), C(128, 32, 4, 3, fused_silu=False)]
+    dn = [C(64, 128, 4, 3), C(64, 128, 4, 3, 0), C(128, 64, 4, 3), C(128, 64, 4, 4), C(64, 64, 4, 3),
+          C(128, 32, 4, 3), C(128, 128, 8, 3)]
+    best = {}
     for stage, grid in (("gate_up", up), ("down", dn)):
-        for bm, bn, w, st in grid:
-            for cvt in ((1, 0) if (bm, bn, w, st) == grid[0] else (1,)):   # cvt 0 at the first config
-                cfg = w4a8.W4A8Config(bm, bn, w, st, cvt)
-                rts = [kops.moe_align(t, pp.num_experts, bm) for t in tis]
-                if stage == "gate_up":
-                    f = [lambda r=r: w4a8.gate_up(xq, xs, pp, sc[0], r, k, cfg) for r in rts]
-                    fl = flops * 2 / 3
-                else:
-                    f = [lambda r=r: w4a8.down(aq, a_s, pp, sc[1], r, cfg) for r in rts]
-                    fl = flops / 3
-                try:
-                    us = bk.graph_us(f, reps=7)
-                except Exception as ex:
-                    log({**base, "sweep": stage, "cfg": str(cfg), "error": repr(ex)[:200]})
-                    continue
-                log({**base, "sweep": stage, "cfg": [bm, bn, w, st, cvt], "us": round(us, 1),
-                     "tflops": round(fl / us / 1e6, 1)})
+        for cfg in grid:
+            rts = [kops.moe_align(t, pp.num_experts, cfg.block_m) for t in tis]
+            if stage == "gate_up":
+                f = [lambda r=r, cfg=cfg: w4a8.quantize_rows(w4a8.gate_up(xq, xs, pp, sc[0], r, k, cfg),
+                                                             silu=not cfg.fused_silu) for r in rts]
+                fl = flops * 2 / 3
+            else:
+                f = [lambda r=r, cfg=cfg: w4a8.down(aq, a_s, pp, sc[1], r, cfg) for r in rts]
+                fl = flops / 3
+            try:
+                us = bk.graph_us(f, reps=7)
+            except Exception as ex:
+                log({**base, "sweep": stage, "cfg": str(cfg), "error": repr(ex)[:200]})
+                continue
+            log({**base, "sweep": stage, "cfg": [cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.cvt,
+                                                 int(cfg.fused_silu)], "us": round(us, 1),
+                 "tflops": round(fl / us / 1e6, 1)})
+            if stage not in best or us < best[stage][0]:
+                best[stage] = (us, cfg)
+    if len(best) < 2:
+        return None
+    return best["gate_up"][1], best["down"][1]
 
 
 def main():

@@ -21,10 +21,10 @@ def main(paths):
             if key not in best or r["us"] < best[key]["us"]:
                 best[key] = r
     if best:
-        print("\nbest W4A8 stage configs [BLOCK_M, BLOCK_N, warps, stages, cvt]")
+        print("\nbest W4A8 stage configs [BLOCK_M, BLOCK_N, warps, stages, cvt, fused_silu] (stage 1 with its output quantisation)")
         for (c, t, s), r in sorted(best.items()):
             same = [x for x in rows if x.get("sweep") == s and x.get("case") == c and x.get("tokens") == t and "us" in x]
-            print(f"  {c} T={t} {s}: {r['cfg']} {r['us']:.0f} us {r['tflops']} TFLOP/s (of {len(same)})")
+            print(f"  {c} T={t} {s}: {r["cfg"]} {r['us']:.0f} us {r['tflops']} TFLOP/s (of {len(same)})")
     t = collections.defaultdict(dict)
     for r in rows:
         if "kind" in r and "us" in r:
