@@ -21,10 +21,10 @@ def main(paths):
             if key not in best or r["us"] < best[key]["us"]:
                 best[key] = r
     if best:
-        print("\nbest W4A8 stage configs [BLOCK_M, BLOCK_N, warps, stages, cvt, fused_silu] (stage 1 with its output quantisation)")
+        print("\nbest W4A8 stage configs [BLOCK_M, BLOCK_N, warps, stages, cvt, fused_silu] (stage 1 with its output quantisation; call-3 rows: a sixth field 0 = SiLU*mul in the quantisation kernel, since removed)")
         for (c, t, s), r in sorted(best.items()):
             same = [x for x in rows if x.get("sweep") == s and x.get("case") == c and x.get("tokens") == t and "us" in x]
-            print(f"  {c} T={t} {s}: {r["cfg"]} {r['us']:.0f} us {r['tflops']} TFLOP/s (of {len(same)})")
+            print(f"  {c} T={t} {s}: {r['cfg']} {r['us']:.0f} us {r['tflops']} TFLOP/s (of {len(same)})")
     t = collections.defaultdict(dict)
     for r in rows:
         if "kind" in r and "us" in r:
@@ -32,8 +32,8 @@ def main(paths):
             t[k][r["kind"]] = min(r["us"], t[k].get(r["kind"], 1e30))
     kinds = list(dict.fromkeys(r["kind"] for r in rows if "kind" in r and "us" in r))
     if t:
-        print("\n| case | tokens | mode | " + " | ".join(f"{k} us" for k in kinds) + " | w4a8 vs " +
-              " | vs ".join(k for k in kinds if k != "kq_w4a8") + " |")
+        print("\n| case | tokens | mode | " + " | ".join(f"{k} us" for k in kinds) + " | kq_w4a8 speed-up over " +
+              " | over ".join(k for k in kinds if k != "kq_w4a8") + " |")
         for (c, n, m), v in t.items():
             w = v.get("kq_w4a8")
             cells = [f"{v[k]:.0f}" if k in v else "-" for k in kinds]

@@ -28,9 +28,6 @@ class W4A8Config:
     num_warps: int = 8
     num_stages: int = 3
     cvt: int = 1            # w4a8_kernel's int4 -> e4m3 conversion (0 plain ops, 1 byte permutes)
-    fused_silu: bool = True # gate+up only: SiLU*mul in the GEMM's epilogue (gate and up columns in one
-                            # program); False: one plain GEMM over the 2I columns writes [gate | up] and
-                            # the quantisation kernel applies SiLU*mul (half the columns a program)
 
 
 def serves(pp: PrepackedMoE, device: torch.device) -> bool:
@@ -51,10 +48,12 @@ def block_scales(pp: PrepackedMoE) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def configs(pairs: int, num_experts: int) -> tuple[W4A8Config, W4A8Config]:
-    """(gate+up, down) tiles, from the H200 sweep (benchmarks/w4a8_bench.py --sweep, GLM-5.2 at 4096 and
-    16384 tokens): BLOCK_M 64 on one warpgroup, three programs a multiprocessor, beat BLOCK_M 128 on two
-    (one program a multiprocessor: 1.3-1.8x slower), and the byte-permute conversion beat plain ops by
-    2-10 %. gate+up 64 x (64 gate + 64 up) columns, down 64 x 128, 4 warps."""
+    """(gate+up, down) tiles, from the H200 sweeps (benchmarks/w4a8_bench.py --sweep, GLM-5.2 at 2048, 4096
+    and 16384 tokens; benchmarks/results/h200/w4a8_call{2,3}_*.jsonl): BLOCK_M 64 on one warpgroup,
+    three programs a multiprocessor, gate+up 64 x (64 gate + 64 up) columns with SiLU*mul in the epilogue,
+    down 64 x 128. BLOCK_M 128 on two warpgroups (one program a multiprocessor) ran 1.3-1.8x slower, one
+    GEMM over [gate | up] with SiLU*mul in the quantisation kernel 1.04-2x slower, and the plain-ops
+    conversion 2-20 % slower than the byte permutes."""
     return W4A8Config(64, 64, 4, 4), W4A8Config(64, 128, 4, 3)
 
 
@@ -82,15 +81,10 @@ def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return (xf / scale[:, None]).to(torch.float8_e4m3fn), scale
 
 
-def quantize_rows(x: torch.Tensor, silu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [rows, K] -> (q e4m3 [rows, Kp] in the kernel's activation order, scale f32 [rows]); CUDA: one
-    Triton kernel, else torch (the same values). silu: x is [rows, 2K] = [gate | up], quantised is
-    silu(gate) * up rounded to bf16."""
-    if silu:
-        if not x.is_cuda:
-            g, u = x.float().chunk(2, dim=-1)
-            return quantize_rows((torch.nn.functional.silu(g) * u).to(torch.bfloat16))
-    rows, k = x.shape[0], x.shape[1] // (2 if silu else 1)
+    Triton kernel, else torch (the same values)."""
+    rows, k = x.shape
     kp = -(-k // PACK_K) * PACK_K
     if x.is_cuda:
         import triton
@@ -100,7 +94,7 @@ def quantize_rows(x: torch.Tensor, silu: bool = False) -> tuple[torch.Tensor, to
         s = torch.empty(rows, dtype=torch.float32, device=x.device)
         if rows:
             quant_rows_kernel[(rows,)](x, x.stride(0), q, q.stride(0), s, k, KP=kp,
-                                       BLOCK=triton.next_power_of_2(kp), SILU=silu, num_warps=8)
+                                       BLOCK=triton.next_power_of_2(kp), num_warps=8)
         return q, s
     qn, s = quantize_rows_reference(x)
     order = lane_order(k).to(x.device)
@@ -138,7 +132,7 @@ def fused_moe_w4a8(x: torch.Tensor, pp: PrepackedMoE, topk_weights: torch.Tensor
     act = gate_up(xq, xs, pp, s13, r1, k, c1)
     # rows of pairs with no local expert were never written: their codes are never read (the down
     # stage reads routed pairs only)
-    aq, a_s = quantize_rows(act, silu=not c1.fused_silu)
+    aq, a_s = quantize_rows(act)
     r2 = r1 if c2.block_m == c1.block_m else moe_align(topk_ids, pp.num_experts, c2.block_m, expert_map)
     y = down(aq, a_s, pp, s2, r2, c2)
     return combine_topk(y, topk_ids, topk_weights, expert_map, routed_scaling_factor)
@@ -155,13 +149,8 @@ def _launch(a, a_s, q, s, out, routing, n, a_row_div, gated, up_offset, cfg: W4A
 
 
 def gate_up(xq, xs, pp: PrepackedMoE, s13, routing, top_k: int, cfg: W4A8Config) -> torch.Tensor:
-    """Stage 1 on quantize_rows' output: act[p] = silu(gate_e(x[p // k])) * up_e(x[p // k]), [P, I] bf16
-    (cfg.fused_silu False: [gate | up] [P, 2I], for quantize_rows(silu=True))."""
+    """Stage 1 on quantize_rows' output: act[p] = silu(gate_e(x[p // k])) * up_e(x[p // k]), [P, I] bf16."""
     i = pp.intermediate
-    if not cfg.fused_silu:
-        out = torch.empty(routing[0].numel(), 2 * i, dtype=torch.bfloat16, device=xq.device)
-        _launch(xq, xs, pp.w13_q, s13, out, routing, 2 * i, top_k, False, 0, cfg)
-        return out
     act = torch.empty(routing[0].numel(), i, dtype=torch.bfloat16, device=xq.device)
     _launch(xq, xs, pp.w13_q, s13, act, routing, i, top_k, True, i, cfg)
     return act

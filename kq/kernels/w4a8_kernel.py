@@ -39,19 +39,14 @@ def _k_of(p):
 
 
 @triton.jit
-def quant_rows_kernel(x_ptr, stride_xm, q_ptr, stride_qm, s_ptr, K, KP: tl.constexpr, BLOCK: tl.constexpr,
-                      SILU: tl.constexpr = False):
+def quant_rows_kernel(x_ptr, stride_xm, q_ptr, stride_qm, s_ptr, K, KP: tl.constexpr, BLOCK: tl.constexpr):
     """One row: scale = amax / 448 (dynamic per-token FP8), q[p] = e4m3(x[k(p)] / scale) in the lane
-    layout's input order, inputs past K (the K padding) as 0. SILU: the row is [gate | up] (2K wide) and
-    x = silu(gate) * up, rounded to bf16 first (what the fused epilogue would have stored)."""
+    layout's input order, inputs past K (the K padding) as 0."""
     row = tl.program_id(0).to(tl.int64)
     p = tl.arange(0, BLOCK)
     k = (p // 128) * 128 + _k_of(p % 128)
     m = (k < K) & (p < KP)
     x = tl.load(x_ptr + row * stride_xm + k, mask=m, other=0.0).to(tl.float32)
-    if SILU:
-        u = tl.load(x_ptr + row * stride_xm + K + k, mask=m, other=0.0).to(tl.float32)
-        x = (x / (1.0 + tl.exp(-x)) * u).to(tl.bfloat16).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=0)
     scale = tl.maximum(amax, 1e-10) / FP8_MAX
     tl.store(q_ptr + row * stride_qm + p, (x / scale).to(tl.float8e4nv), mask=p < KP)
