@@ -24,6 +24,7 @@ try:
     _interp._patch_lang_tensor = _patch_lang_tensor
 
     import kq.kernels.triton_ops as ops  # noqa: E402,F401  (defines the kernels as interpreted functions)
+    import kq.kernels.w4a8_kernel  # noqa: E402,F401
 finally:
     if _saved is None:
         del os.environ["TRITON_INTERPRET"]

@@ -20,6 +20,17 @@ from kq.sglang.detect import is_kq_quant_config
 NAME = "kq"
 
 
+def int4_group_has_dynamic_fp8_activations(input_activations) -> bool:
+    """Whether the INT4 experts' `input_activations` (compressed-tensors QuantizationArgs, or None) say
+    dynamic 8-bit float activations: the checkpoint asks for W4AFP8 experts (SGLang's own reading picks
+    CompressedTensorsW4AFP8MoE for it). kq then runs its W4A8 kernel at prefill sizes."""
+    a = input_activations
+    if a is None:
+        return False
+    kind = str(getattr(a.type, "value", a.type))
+    return a.num_bits == 8 and kind == "float" and bool(a.dynamic)
+
+
 class KqConfig(CompressedTensorsConfig):
     # from_config is inherited: CompressedTensorsConfig.from_config builds `cls(...)`.
 
@@ -45,28 +56,31 @@ class KqConfig(CompressedTensorsConfig):
         from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
 
         if isinstance(layer, FusedMoE):
-            weight_quant = self._int4_expert_args(layer, prefix)
-            if weight_quant is not None:
+            args = self._int4_expert_args(layer, prefix)
+            if args is not None:
                 from kq.sglang.moe import KqMoEMethod
 
                 # No `layer.scheme`: SGLang's loader transposes expert weights only for its own
                 # WNA16 scheme classes; kq's method keeps the checkpoint layout.
                 layer.scheme = None
-                return KqMoEMethod(self, weight_quant, prefix)
+                weight_quant, fp8_activations = args
+                return KqMoEMethod(self, weight_quant, prefix, fp8_activations=fp8_activations)
         return super().get_quant_method(layer, prefix)
 
     def _int4_expert_args(self, layer, prefix):
-        """The routed experts' QuantizationArgs when they are kq's INT4 group, else None."""
+        """(weights QuantizationArgs, dynamic FP8 activations?) when the routed experts are kq's INT4 group
+        (weight-only, or with dynamic FP8 input activations), else None."""
         self._add_fused_moe_to_target_scheme_map()
         scheme = self.get_scheme_dict(layer, prefix + ".0.gate_proj")
         if not scheme:
             return None
         wq, aq = scheme.get("weights"), scheme.get("input_activations")
-        if wq is None or aq is not None:
+        fp8_activations = int4_group_has_dynamic_fp8_activations(aq)
+        if wq is None or (aq is not None and not fp8_activations):
             return None
         if (wq.num_bits, str(getattr(wq.type, "value", wq.type))) != (4, "int"):
             return None
         if not wq.symmetric or str(getattr(wq.strategy, "value", wq.strategy)) != "group" or wq.actorder:
             raise ValueError(f"kq: {prefix}: INT4 experts must be symmetric group-wise without actorder "
                              f"(got {wq}); serve this checkpoint with --quantization compressed-tensors")
-        return wq
+        return wq, fp8_activations

@@ -9,25 +9,44 @@ the tiles layout) in the layout kq.kernels.moe_lane_layout chooses (the lane lay
 CUDA lane kernel; rank files are converted on the device);
 `apply` takes SGLang's dispatch output and returns its combine input.
 
+When the checkpoint's INT4 group says dynamic FP8 activations (`fp8_activations`), a step of at least
+W4A8_MIN_TOKENS tokens runs kq's W4A8 kernel (kq.kernels.w4a8: FP8 tensor cores, per-token FP8
+activations; Hopper, lane layout, group 128) on the same weights; smaller steps (decode) keep the W4A16
+kernels unchanged.
+
 SGLang transposes expert weights on load only for its own WNA16 class names; this class is
 not one of them, which is what keeps the checkpoint layout.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase
 from sglang.srt.utils import set_weight_attrs
 
-from kq.kernels import fused_moe_w4a16, moe_lane_layout, prepack_moe
+from kq.kernels import fused_moe_w4a16, moe_lane_layout, prepack_moe, w4a8
 from kq.kernels.layout import lane_from_tiles
 from kq.sglang import rank_loader
 
 
+def w4a8_min_tokens() -> int:
+    """Tokens from which a step of an FP8-activation checkpoint runs the W4A8 kernel: KQ_W4A8_MIN_TOKENS,
+    default the H200 crossover against the W4A16 lane kernel (benchmarks/w4a8_bench.py)."""
+    return int(os.environ.get("KQ_W4A8_MIN_TOKENS", W4A8_MIN_TOKENS))
+
+
+# H200, GLM-5.2 experts, top-8 (benchmarks/results/h200/w4a8_call3_d34df76.jsonl): W4A8 against the W4A16 lane
+# kernel 0.40x at 256 tokens, 0.81x at 512, 1.71x at 1024, 2.3-2.8x at 2048-4096
+W4A8_MIN_TOKENS = 1024
+
+
 class KqMoEMethod(FusedMoEMethodBase):
-    def __init__(self, quant_config, weight_quant, prefix: str):
+    def __init__(self, quant_config, weight_quant, prefix: str, fp8_activations: bool = False):
         self.quant_config = quant_config
         self.group = int(weight_quant.group_size)
         self.prefix = prefix
+        self.fp8_activations = fp8_activations
         self.runner = None
         self.moe_runner_config = None
 
@@ -73,6 +92,9 @@ class KqMoEMethod(FusedMoEMethodBase):
             pp = prepack_moe(w13, layer.w13_weight_scale.data, layer.w2_weight_packed.data,
                              layer.w2_weight_scale.data, self.group, lane=lane)
         layer.kq_moe = pp
+        # The W4A8 kernel's view of the group scales (1/32 of the INT4 weights' bytes), where it can run.
+        layer.kq_w4a8_scales = (w4a8.block_scales(pp) if self.fp8_activations and w4a8.serves(pp, pp.w13_q.device)
+                                else None)
         # The checkpoint-layout copies are no longer needed: free them, keep the names.
         for name in ("w13_weight_packed", "w2_weight_packed", "w13_weight_scale", "w2_weight_scale"):
             getattr(layer, name).data = torch.empty(0, dtype=getattr(layer, name).dtype,
@@ -95,8 +117,19 @@ class KqMoEMethod(FusedMoEMethodBase):
         rsf = self.moe_runner_config.routed_scaling_factor
         # SGLang's standard dispatcher hands local expert ids, -1 for experts on other EP ranks;
         # kq's kernels skip -1 themselves (routing table and combine), so no expert map is needed.
-        out = fused_moe_w4a16(x, layer.kq_moe, topk_weights.float(), topk_ids.to(torch.int32),
-                              routed_scaling_factor=1.0 if rsf is None else float(rsf))
+        rsf = 1.0 if rsf is None else float(rsf)
+        if self.uses_w4a8(layer, x.shape[0]):
+            out = w4a8.fused_moe_w4a8(x, layer.kq_moe, topk_weights.float(), topk_ids.to(torch.int32),
+                                      scales=layer.kq_w4a8_scales, routed_scaling_factor=rsf)
+        else:
+            out = fused_moe_w4a16(x, layer.kq_moe, topk_weights.float(), topk_ids.to(torch.int32),
+                                  routed_scaling_factor=rsf)
         return StandardCombineInput(hidden_states=out)
+
+    def uses_w4a8(self, layer, num_tokens: int) -> bool:
+        """FP8-activation checkpoint, a layer the W4A8 kernel serves (scales made at load), a prefill-sized
+        step."""
+        return (self.fp8_activations and getattr(layer, "kq_w4a8_scales", None) is not None
+                and num_tokens >= w4a8_min_tokens())
 
     apply_weights = apply  # the scheme-level name used by SGLang's compressed-tensors schemes

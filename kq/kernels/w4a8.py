@@ -1,0 +1,192 @@
+"""W4A8 fused MoE for prefill: INT4 experts (the lane layout the decode path holds, group 128) times
+per-token dynamic FP8 activations, on FP8 tensor cores (kernels in w4a8_kernel.py).
+
+    fused_moe_w4a8(x [T, H] bf16, pp: PrepackedMoE (lane, group 128), topk_weights [T, k] f32,
+                   topk_ids [T, k] int32, *, expert_map=None, routed_scaling_factor=1.0) -> [T, H] bf16
+
+Steps: x quantised per token (scale = row amax / 448, e4m3, written in the lane layout's input order);
+routing table (moe_routing, as the W4A16 path); gate+up with SiLU*mul -> bf16 [P, I]; that quantised per
+routed pair the same way; down -> [P, H]; the W4A16 path's top-k combine. `reference` is the same maths
+in torch (float64 products of the e4m3-rounded activations and the exact weights), which the tests
+compare against.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .layout import PACK_K, PrepackedMoE
+
+GROUP = 128
+
+
+@dataclass(frozen=True)
+class W4A8Config:
+    block_m: int
+    block_n: int
+    num_warps: int = 8
+    num_stages: int = 3
+    cvt: int = 1            # w4a8_kernel's int4 -> e4m3 conversion (0 plain ops, 1 byte permutes)
+
+
+def serves(pp: PrepackedMoE, device: torch.device) -> bool:
+    """Whether fused_moe_w4a8 runs compiled for this layer and device: lane layout, group 128, a GPU
+    with FP8 tensor cores reached through wgmma (Hopper, sm_90)."""
+    if not (pp.lane and pp.group == GROUP and device.type == "cuda"):
+        return False
+    from . import triton_available
+    return triton_available() and torch.cuda.get_device_capability(device)[0] == 9
+
+
+def block_scales(pp: PrepackedMoE) -> tuple[torch.Tensor, torch.Tensor]:
+    """The group scales as the kernel reads them, (w13 [E, KB, 2I], w2 [E, KB, H]) bf16, N contiguous:
+    one row of a 128-input block is one vectorised load (the lane layout keeps a column's groups
+    together instead). Made once per layer at load time: 1/32 of the INT4 weights' bytes."""
+    _check(pp)
+    return tuple(s.reshape(s.shape[0], -1, s.shape[-1]).transpose(1, 2).contiguous() for s in (pp.w13_s, pp.w2_s))
+
+
+def configs(pairs: int, num_experts: int) -> tuple[W4A8Config, W4A8Config]:
+    """(gate+up, down) tiles, from the H200 sweeps (benchmarks/w4a8_bench.py --sweep, GLM-5.2 at 2048, 4096
+    and 16384 tokens; benchmarks/results/h200/w4a8_call{2,3}_*.jsonl): BLOCK_M 64 on one warpgroup,
+    three programs a multiprocessor, gate+up 64 x (64 gate + 64 up) columns with SiLU*mul in the epilogue,
+    down 64 x 128. BLOCK_M 128 on two warpgroups (one program a multiprocessor) ran 1.3-1.8x slower, one
+    GEMM over [gate | up] with SiLU*mul in the quantisation kernel 1.04-2x slower, and the plain-ops
+    conversion 2-20 % slower than the byte permutes."""
+    return W4A8Config(64, 64, 4, 4), W4A8Config(64, 128, 4, 3)
+
+
+def _check(pp: PrepackedMoE) -> None:
+    if not pp.lane or pp.group != GROUP:
+        raise ValueError(f"fused_moe_w4a8: needs the lane layout at group {GROUP} (got lane={pp.lane}, "
+                         f"group {pp.group})")
+
+
+# ---------------------------------------------------------------- activation order and quantisation
+
+def lane_order(k: int) -> torch.Tensor:
+    """[Kp] long: input index held at each position of the kernel's activation order (the lane layout's
+    storage order inside every 128-input block); positions past k (padding) hold -1."""
+    from .lane_layout import _index
+    kp = -(-k // PACK_K) * PACK_K
+    idx = (torch.arange(0, kp, PACK_K)[:, None] + _index().view(1, -1)).reshape(-1)
+    return torch.where(idx < k, idx, torch.full_like(idx, -1))
+
+
+def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row dynamic FP8 in natural order: (q e4m3 [rows, K], scale f32 [rows]), q * scale ~ x."""
+    xf = x.float()
+    scale = xf.abs().amax(-1).clamp(min=1e-10) / 448.0
+    return (xf / scale[:, None]).to(torch.float8_e4m3fn), scale
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [rows, K] -> (q e4m3 [rows, Kp] in the kernel's activation order, scale f32 [rows]); CUDA: one
+    Triton kernel, else torch (the same values)."""
+    rows, k = x.shape
+    kp = -(-k // PACK_K) * PACK_K
+    if x.is_cuda:
+        import triton
+
+        from .w4a8_kernel import quant_rows_kernel
+        q = torch.empty(rows, kp, dtype=torch.float8_e4m3fn, device=x.device)
+        s = torch.empty(rows, dtype=torch.float32, device=x.device)
+        if rows:
+            quant_rows_kernel[(rows,)](x, x.stride(0), q, q.stride(0), s, k, KP=kp,
+                                       BLOCK=triton.next_power_of_2(kp), num_warps=8)
+        return q, s
+    qn, s = quantize_rows_reference(x)
+    order = lane_order(k).to(x.device)
+    q = torch.zeros(rows, kp, dtype=torch.float8_e4m3fn, device=x.device)
+    valid = order >= 0
+    q[:, valid] = qn[:, order[valid]]
+    return q, s
+
+
+# ---------------------------------------------------------------- the op
+
+def fused_moe_w4a8(x: torch.Tensor, pp: PrepackedMoE, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                   *, expert_map: torch.Tensor | None = None, routed_scaling_factor: float = 1.0,
+                   scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   config: tuple[W4A8Config, W4A8Config] | None = None) -> torch.Tensor:
+    """Routed-expert MoE with FP8 activations (see the module doc); CUDA on Hopper (`serves`), else the
+    torch reference. `scales`: block_scales(pp), made here when not given."""
+    _check(pp)
+    if x.dim() != 2 or x.shape[1] != pp.hidden:
+        raise ValueError(f"fused_moe_w4a8: x must be [T, {pp.hidden}], got {tuple(x.shape)}")
+    if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"fused_moe_w4a8: topk_ids {tuple(topk_ids.shape)} and topk_weights "
+                         f"{tuple(topk_weights.shape)} must both be [T={x.shape[0]}, k]")
+    if not serves(pp, x.device):
+        return reference(x, pp, topk_weights, topk_ids, expert_map=expert_map,
+                         routed_scaling_factor=routed_scaling_factor)
+    from .triton_ops import combine_topk, moe_align
+
+    t, h = x.shape
+    k = topk_ids.shape[1]
+    c1, c2 = config or configs(t * k, pp.num_experts)
+    s13, s2 = scales if scales is not None else block_scales(pp)
+    xq, xs = quantize_rows(x.contiguous())
+    r1 = moe_align(topk_ids, pp.num_experts, c1.block_m, expert_map)
+    act = gate_up(xq, xs, pp, s13, r1, k, c1)
+    # rows of pairs with no local expert were never written: their codes are never read (the down
+    # stage reads routed pairs only)
+    aq, a_s = quantize_rows(act)
+    r2 = r1 if c2.block_m == c1.block_m else moe_align(topk_ids, pp.num_experts, c2.block_m, expert_map)
+    y = down(aq, a_s, pp, s2, r2, c2)
+    return combine_topk(y, topk_ids, topk_weights, expert_map, routed_scaling_factor)
+
+
+def _launch(a, a_s, q, s, out, routing, n, a_row_div, gated, up_offset, cfg: W4A8Config):
+    import triton
+
+    from .w4a8_kernel import w4a8_moe_kernel
+    w4a8_moe_kernel[(triton.cdiv(n, cfg.block_n), routing[1].numel())](
+        a, a.stride(0), a_s, q, q.stride(0), s, s.stride(0), s.stride(1), out, out.stride(0), *routing,
+        n, q.shape[2], up_offset, A_ROW_DIV=a_row_div, GATED=gated, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        CVT=cfg.cvt, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def gate_up(xq, xs, pp: PrepackedMoE, s13, routing, top_k: int, cfg: W4A8Config) -> torch.Tensor:
+    """Stage 1 on quantize_rows' output: act[p] = silu(gate_e(x[p // k])) * up_e(x[p // k]), [P, I] bf16."""
+    i = pp.intermediate
+    act = torch.empty(routing[0].numel(), i, dtype=torch.bfloat16, device=xq.device)
+    _launch(xq, xs, pp.w13_q, s13, act, routing, i, top_k, True, i, cfg)
+    return act
+
+
+def down(aq, a_s, pp: PrepackedMoE, s2, routing, cfg: W4A8Config) -> torch.Tensor:
+    """Stage 2: y[p] = act[p] @ down_e^T, [P, H] bf16 (rows of pairs with no local expert unwritten)."""
+    y = torch.empty(aq.shape[0], pp.hidden, dtype=torch.bfloat16, device=aq.device)
+    _launch(aq, a_s, pp.w2_q, s2, y, routing, pp.hidden, 1, False, 0, cfg)
+    return y
+
+
+def reference(x: torch.Tensor, pp: PrepackedMoE, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+              *, expert_map: torch.Tensor | None = None, routed_scaling_factor: float = 1.0) -> torch.Tensor:
+    """The kernel's maths in torch: e4m3 activations (per row) times the exact INT4 weights in float64,
+    the SiLU*mul output rounded to bf16 and quantised per routed pair, top-k weighted sum."""
+    from .lane_layout import dequantize_lane
+    _check(pp)
+    t, h = x.shape
+    k = topk_ids.shape[1]
+    ids = topk_ids.long()
+    if expert_map is not None:
+        m = expert_map.to(ids.device).long()
+        ids = torch.where(ids >= 0, m[ids.clamp(min=0)], ids)
+    xq, xs = quantize_rows_reference(x)
+    xd = xq.double() * xs.double()[:, None]
+    out = torch.zeros(t, h, dtype=torch.float64, device=x.device)
+    for e in torch.unique(ids[ids >= 0]).tolist():
+        w13 = dequantize_lane(pp.w13_q[e:e + 1], pp.w13_s[e:e + 1], h, pp.group, torch.float64)[0]
+        w2 = dequantize_lane(pp.w2_q[e:e + 1], pp.w2_s[e:e + 1], pp.intermediate, pp.group, torch.float64)[0]
+        tok, j = torch.nonzero(ids == e, as_tuple=True)
+        gu = xd[tok] @ w13.T
+        g, u = gu[:, : pp.intermediate], gu[:, pp.intermediate:]
+        act = (g * torch.sigmoid(g) * u).to(torch.bfloat16)
+        aq, a_s = quantize_rows_reference(act)
+        y = (aq.double() * a_s.double()[:, None]) @ w2.T
+        y = y.to(torch.bfloat16).double()           # the kernel writes the down rows in bf16
+        out.index_add_(0, tok, y * topk_weights[tok, j].double()[:, None])
+    return (out * routed_scaling_factor).to(x.dtype)

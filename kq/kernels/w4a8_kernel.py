@@ -1,0 +1,150 @@
+"""Triton kernels of the W4A8 prefill MoE: INT4 expert weights (lane layout, group 128) times FP8 e4m3
+activations on Hopper's FP8 tensor cores (wgmma), fp32 accumulation.
+
+INT4 codes -8..7 are exact in e4m3, so a weight tile is converted to e4m3 in registers and multiplied as
+is; the group scale (group = one 128-input block = one K step) multiplies each block's fp32 partial
+product, and the activation's per-row scale multiplies the sum once at the end:
+    out[m, n] = a_scale[m] * sum_kb wscale[n, kb] * dot(a_fp8[m, kb], codes[n, kb])
+
+Weights are read where the decode path keeps them (lane_layout.lane_pack: words [E, N/8, KB, 8, 4, 4]):
+the 16 words of one column and block are contiguous, and expanding them in storage order (word 4t + wd,
+nibble J) gives the 128 inputs of the block in the order p = 32t + 8wd + J, a permutation inside the
+block (lane_layout.lane_input). The activations are written in that same order by the quantisation
+kernel (`quant_rows_kernel`), so both operands are plain contiguous tiles and the product is unchanged.
+
+The int4 -> e4m3 conversion (CVT):
+  0: plain Triton ops, a nibble or-ed into the fp16 number 1024 (bits 0x6400) is 1024 + c exactly, minus
+     1032 leaves q, and the fp16 -> e4m3 cast (cvt.rn.satfinite.e4m3x2.f16x2, two values an instruction);
+  1: inline PTX, four codes at a time by byte permutes: prmt with a table of e4m3(-8..-1) for codes 0..7
+     (its sign-replicate mode gives 0xFF for codes 8..15), prmt with a table of e4m3(0..7) on the codes
+     xor 8 (0x00 for codes 0..7), a prmt mask of the codes' top bits and one lop3 to pick.
+"""
+import triton
+import triton.language as tl
+
+FP8_MAX = tl.constexpr(448.0)
+
+
+@triton.jit
+def _k_of(p):
+    """Input offset inside a 128-input block of position p (0..127) of the lane layout's storage
+    order p = 32t + 8wd + J (lane_layout.lane_input)."""
+    t = p // 32
+    wd = (p // 8) % 4
+    jj = p % 8
+    j = jj % 4
+    i = jj // 4
+    q = 4 * wd + j
+    return 16 * (q // 2) + 4 * t + 2 * (q % 2) + i
+
+
+@triton.jit
+def quant_rows_kernel(x_ptr, stride_xm, q_ptr, stride_qm, s_ptr, K, KP: tl.constexpr, BLOCK: tl.constexpr):
+    """One row: scale = amax / 448 (dynamic per-token FP8), q[p] = e4m3(x[k(p)] / scale) in the lane
+    layout's input order, inputs past K (the K padding) as 0."""
+    row = tl.program_id(0).to(tl.int64)
+    p = tl.arange(0, BLOCK)
+    k = (p // 128) * 128 + _k_of(p % 128)
+    m = (k < K) & (p < KP)
+    x = tl.load(x_ptr + row * stride_xm + k, mask=m, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=0)
+    scale = tl.maximum(amax, 1e-10) / FP8_MAX
+    tl.store(q_ptr + row * stride_qm + p, (x / scale).to(tl.float8e4nv), mask=p < KP)
+    tl.store(s_ptr + row, scale)
+
+
+@triton.jit
+def _spread8(x0, x1, x2, x3, x4, x5, x6, x7, BLOCK_N: tl.constexpr):
+    """Eight [BLOCK_N, 16] tensors -> [BLOCK_N, 128], position 8 * word + J holding xJ; built with joins,
+    so one thread holds a word's eight positions in order (no shared-memory shuffle; what pack=4 of
+    the inline PTX relies on)."""
+    a = tl.join(tl.join(x0, x4), tl.join(x2, x6))          # [.., 2 (J//2 %2), 2 (J//4)]
+    b = tl.join(tl.join(x1, x5), tl.join(x3, x7))
+    c = tl.join(a, b)                                      # [BN, 16, 2 (J//4), 2 (J//2 % 2), 2 (J % 2)]
+    return tl.reshape(c, (BLOCK_N, 128))
+
+
+@triton.jit
+def _codes_fp8(w, BLOCK_N: tl.constexpr, CVT: tl.constexpr):
+    """[BLOCK_N, 16] int32 words (one column's block) -> [BLOCK_N, 128] e4m3 q = c - 8, position
+    p = 8 * word + nibble."""
+    if CVT == 0:
+        c = _spread8(w & 0xF, (w >> 4) & 0xF, (w >> 8) & 0xF, (w >> 12) & 0xF,
+                     (w >> 16) & 0xF, (w >> 20) & 0xF, (w >> 24) & 0xF, (w >> 28) & 0xF, BLOCK_N)
+        f = (c | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0
+        return f.to(tl.float8e4nv)
+    else:
+        # each asm instance takes four consecutive positions (nibbles 0-3 or 4-7 of a word, brought to
+        # the low 16 bits) and returns their four e4m3 bytes in one register
+        hi = w >> 16
+        x = _spread8(w, w, w, w, hi, hi, hi, hi, BLOCK_N)
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 u, h, p1, p2, m, ln0, ln1, lp0, lp1;
+            mov.b32 ln0, 0xCACCCED0;
+            mov.b32 ln1, 0xB8C0C4C8;
+            mov.b32 lp0, 0x44403800;
+            mov.b32 lp1, 0x4E4C4A48;
+            xor.b32 u, $1, 0x8888;
+            prmt.b32 p1, ln0, ln1, $1;
+            prmt.b32 p2, lp0, lp1, u;
+            shl.b32 h, $1, 4;
+            prmt.b32 m, $1, h, 0x9D8C;
+            lop3.b32 $0, p1, m, p2, 0xBA;
+            }""",
+            "=r,r,r,r,r", [x], dtype=tl.float8e4nv, is_pure=True, pack=4)
+
+
+@triton.jit
+def w4a8_moe_kernel(
+    a_ptr, stride_am, as_ptr,               # activations [rows, KB*128] e4m3 (lane input order), scales [rows] f32
+    q_ptr, stride_qe,                       # lane words [E, N_all/8, KB, 8, 4, 4] int32
+    s_ptr, stride_se, stride_sk,            # scales [E, KB, N_all] bf16 (group 128: one row per block, N contiguous)
+    out_ptr, stride_om,                     # out [pairs, N] bf16
+    pairs_ptr, blk_expert_ptr, blk_start_ptr, blk_count_ptr,
+    N, KB, up_offset,
+    A_ROW_DIV: tl.constexpr,                # stage 1: an activation row is pair // top_k
+    GATED: tl.constexpr,                    # w13: gate columns n, up columns up_offset + n; out silu(g) * u
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CVT: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    e = tl.load(blk_expert_ptr + pid_m)
+    if e < 0:
+        return
+    start = tl.load(blk_start_ptr + pid_m)
+    cnt = tl.load(blk_count_ptr + pid_m)
+    offs_m = tl.arange(0, BLOCK_M)
+    row_mask = offs_m < cnt
+    # rows past the block's count read pair 0's row (valid memory) and are never stored
+    pair = tl.load(pairs_ptr + start + offs_m, mask=row_mask, other=0)
+    arow = pair // A_ROW_DIV
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    n_c = tl.where(n_mask, offs_n, 0)
+    tile_words = KB * 128                                    # words of one 8-column n-tile
+    col = (n_c // 8) * tile_words + (n_c % 8) * 16
+    e64 = e.to(tl.int64)
+    a_ptrs = a_ptr + arow.to(tl.int64)[:, None] * stride_am + tl.arange(0, 128)[None, :]
+    w_ptrs = q_ptr + e64 * stride_qe + col[:, None] + tl.arange(0, 16)[None, :]
+    s_ptrs = s_ptr + e64 * stride_se + offs_n      # offs_n, not n_c: keeps the loads vectorised
+    up_words = (up_offset // 8) * tile_words
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, KB):
+        a = tl.load(a_ptrs + kb * 128)
+        wg = tl.load(w_ptrs + kb * 128)
+        part = tl.dot(a, tl.trans(_codes_fp8(wg, BLOCK_N, CVT)))
+        acc_g += part * tl.load(s_ptrs + kb * stride_sk, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        if GATED:
+            wu = tl.load(w_ptrs + up_words + kb * 128)
+            part_u = tl.dot(a, tl.trans(_codes_fp8(wu, BLOCK_N, CVT)))
+            acc_u += part_u * tl.load(s_ptrs + up_offset + kb * stride_sk, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    a_s = tl.load(as_ptr + arow)[:, None]
+    if GATED:
+        g = acc_g * a_s
+        res = g / (1.0 + tl.exp(-g)) * (acc_u * a_s)
+    else:
+        res = acc_g * a_s
+    o_ptrs = out_ptr + pair.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    tl.store(o_ptrs, res.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & n_mask[None, :])
