@@ -25,6 +25,15 @@ LAYOUTS = SHARED / "layouts"
 GLM = "zai-org_GLM-5.2-FP8"
 KIMI = "moonshotai_Kimi-K2-Instruct"
 CHUNK = 32 << 20
+MODELS = {GLM: dict(alias="glm-5.2", tensors=118_629, group=128, experts=256, inter=2048, layers=78),
+          KIMI: dict(alias="kimi-k2", tensors=139_644, group=32, experts=384, inter=2048, layers=61)}
+
+
+def is_expert(name: str) -> bool:
+    """model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight, spelled out apart from kq's own regex."""
+    p = name.split(".")
+    return (len(p) == 8 and p[:2] == ["model", "layers"] and p[3:5] == ["mlp", "experts"] and p[5].isdigit()
+            and p[6] in ("gate_proj", "up_proj", "down_proj") and p[7] == "weight")
 
 
 @cache
@@ -95,3 +104,53 @@ def _random_bytes(dtype: str, nbytes: int, g: torch.Generator) -> bytes:
     else:
         t = (torch.randn(nbytes // 2, generator=g) * 0.02).to(torch.bfloat16).view(torch.uint8)
     return t.numpy().tobytes()
+
+
+# ---- the slices converted for real -------------------------------------------------------------
+
+def _expert_id(name):
+    return int(name.split(".")[5]) if is_expert(name.removesuffix("_scale_inv")) else None
+
+
+def _whole_experts_in(lay, shard, layer):
+    """Expert ids of `layer` whose three projections (and scales) all sit in `shard`."""
+    where: dict[int, set] = {}
+    for n, (_, _, s) in lay.tensors.items():
+        if n.startswith(f"model.layers.{layer}.mlp.experts.") and _expert_id(n) is not None:
+            where.setdefault(_expert_id(n), set()).add(s)
+    return sorted(e for e, s in where.items() if s == {shard})
+
+
+def slice_spec(model):
+    """(whole shards, restricted shards: {shard: keep(name)}) of the slice a test converts.
+    GLM-5.2: shard 1 whole (lm_head, embeddings, dense layers 0 and 1 with their DSA indexers and
+    partial 128-blocks, 60 experts of layer 10); the MTP layer 78's tensors in shards 136 and 138
+    (eh_proj, norms, attention, indexer, router, shared expert, shared_head) with one whole expert
+    from each, since all of 136-138 is 5 GB of experts. Kimi K2: shard 1 whole (embeddings, dense
+    layer 0, rotary_emb.inv_freq, partial blocks), and layer 1's shard 2 with two of its 384 experts."""
+    lay = layout(model)
+    if model == GLM:
+        whole = {"model-00001-of-00141.safetensors"}
+        part = {}
+        for s in ("model-00136-of-00141.safetensors", "model-00138-of-00141.safetensors"):
+            keep_e = _whole_experts_in(lay, s, 78)[:1]
+            part[s] = lambda n, k=keep_e: n.startswith("model.layers.78.") and _expert_id(n) in (None, *k)
+    else:
+        whole = {"model-1-of-61.safetensors"}
+        part = {"model-2-of-61.safetensors": lambda n: _expert_id(n) in (None, 0, 383)}
+    return whole, part
+
+
+def build_slice(model, folder):
+    whole, part = slice_spec(model)
+    lay = layout(model)
+
+    def keep(n):
+        s = lay.tensors[n][2]
+        return s in whole or part[s](n)
+    write_replica(lay, folder, shards=whole | set(part), keep=keep)
+    names = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    written = fill_random(folder, lay, names, seed=1)
+    return folder, written
+
+

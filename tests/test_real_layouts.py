@@ -15,10 +15,8 @@ import re
 import pytest
 
 from kq_testutil import run_kq
-from real_layouts import GLM, KIMI, LAYOUTS, fill_random, layout, write_replica
+from real_layouts import GLM, KIMI, LAYOUTS, MODELS, is_expert as _is_expert, layout, write_replica
 
-MODELS = {GLM: dict(alias="glm-5.2", tensors=118_629, group=128, experts=256, inter=2048),
-          KIMI: dict(alias="kimi-k2", tensors=139_644, group=32, experts=384, inter=2048)}
 SIZE = {"F8_E4M3": 1, "BF16": 2, "F32": 4}
 
 
@@ -46,13 +44,6 @@ def plans(sources):
     return plan
 
 
-def _is_expert(name: str) -> bool:
-    # Independent of kq's regex: model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight
-    p = name.split(".")
-    return (len(p) == 8 and p[:2] == ["model", "layers"] and p[3:5] == ["mlp", "experts"] and p[5].isdigit()
-            and p[6] in ("gate_proj", "up_proj", "down_proj") and p[7] == "weight")
-
-
 def _expected(model: str, group: int):
     """(output tensors {name: (dtype, shape)}, expert weights) from the layout alone."""
     t = layout(model).tensors
@@ -75,19 +66,26 @@ def _expected(model: str, group: int):
 
 
 def test_bundled_layouts_are_the_published_files():
-    from kq.checkpoint.layouts import bundled_layout, bundled_repos
     from importlib import resources
+
+    from kq.checkpoint.layouts import bundled_repos
     assert bundled_repos() == sorted(layout(m).repo_id for m in MODELS)
     for m in MODELS:
         shipped = resources.files("kq.recipes") / "layouts" / m
         for f in ("config.json", "layout.json.gz"):
             assert (shipped / f).read_bytes() == (LAYOUTS / m / f).read_bytes(), (m, f)
-        lay = bundled_layout(layout(m).repo_id)
-        assert len(lay.tensors) == MODELS[m]["tensors"]
-        # The layout's shard column is the published (Kimi) / derived (GLM) index, name for name.
-        idx = next(p for p in (LAYOUTS / m).iterdir() if p.name.startswith("index"))
-        wm = json.loads(gzip.decompress(idx.read_bytes()))["weight_map"]
-        assert wm == {n: s for n, (_, _, s) in lay.tensors.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", list(MODELS))
+def test_bundled_layout_is_the_published_index(model):
+    from kq.checkpoint.layouts import bundled_layout
+    lay = bundled_layout(layout(model).repo_id)
+    assert len(lay.tensors) == MODELS[model]["tensors"]
+    # The layout's shard column is the published (Kimi) / derived (GLM) index, name for name.
+    idx = next(p for p in (LAYOUTS / model).iterdir() if p.name.startswith("index"))
+    wm = json.loads(gzip.decompress(idx.read_bytes()))["weight_map"]
+    assert wm == {n: s for n, (_, _, s) in lay.tensors.items()}
 
 
 def test_replica_headers_are_the_published_ones(replicas):
@@ -176,13 +174,11 @@ def test_quantize_preflight_on_the_full_replica(replicas, sources, plans, tmp_pa
     import shutil
 
     from kq.errors import KqError
-    from kq.quantize.plan import make_plan, tp_verdicts
+    from kq.quantize.plan import tp_verdicts
     from kq.quantize.run import Options, preflight
 
     plan = plans(model, group)
-    assert tp_verdicts(plan.expert_intermediate, plan.experts, group, [tp])[0].ok
-    if tp == 8:
-        assert make_plan(sources[model], group_size=group, tp=tp).output_bytes == plan.output_bytes
+    assert tp_verdicts(plan.expert_intermediate, plan.experts, group, [tp])[0].ok  # make_plan's --tp check
     out = tmp_path / "out"
     free = shutil.disk_usage(tmp_path).free
     if free >= plan.output_bytes:
@@ -227,7 +223,7 @@ def test_truncated_sparse_shard_is_refused(tmp_path):
 # ---- offline: the bundled layout of a known alias ------------------------------------------------------
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("model", [GLM])  # Kimi's bundled plan: test_plan_from_bundled_layout_equals_plan_from_replica
 def test_inspect_alias_offline_reads_the_bundled_layout(plans, tmp_path, model):
     plan = plans(model, MODELS[model]["group"])
     env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "KQ_CACHE": str(tmp_path / "kq")}
@@ -263,52 +259,6 @@ def test_inspect_offline_says_so_and_quantize_still_needs_the_checkpoint(tmp_pat
 
 # ---- real-layout slices converted for real ------------------------------------------------------------
 
-def _expert_id(name):
-    return int(name.split(".")[5]) if _is_expert(name.removesuffix("_scale_inv")) else None
-
-
-def _whole_experts_in(lay, shard, layer):
-    """Expert ids of `layer` whose three projections (and scales) all sit in `shard`."""
-    where: dict[int, set] = {}
-    for n, (_, _, s) in lay.tensors.items():
-        if n.startswith(f"model.layers.{layer}.mlp.experts.") and _expert_id(n) is not None:
-            where.setdefault(_expert_id(n), set()).add(s)
-    return sorted(e for e, s in where.items() if s == {shard})
-
-
-def slice_spec(model):
-    """(whole shards, restricted shards: {shard: keep(name)}) of the slice a test converts.
-    GLM-5.2: shard 1 whole (lm_head, embeddings, dense layers 0 and 1 with their DSA indexers and
-    partial 128-blocks, 60 experts of layer 10); the MTP layer 78's tensors in shards 136 and 138
-    (eh_proj, norms, attention, indexer, router, shared expert, shared_head) with one whole expert
-    from each, since all of 136-138 is 5 GB of experts. Kimi K2: shard 1 whole (embeddings, dense
-    layer 0, rotary_emb.inv_freq, partial blocks), and layer 1's shard 2 with two of its 384 experts."""
-    lay = layout(model)
-    if model == GLM:
-        whole = {"model-00001-of-00141.safetensors"}
-        part = {}
-        for s in ("model-00136-of-00141.safetensors", "model-00138-of-00141.safetensors"):
-            keep_e = _whole_experts_in(lay, s, 78)[:1]
-            part[s] = lambda n, k=keep_e: n.startswith("model.layers.78.") and _expert_id(n) in (None, *k)
-    else:
-        whole = {"model-1-of-61.safetensors"}
-        part = {"model-2-of-61.safetensors": lambda n: _expert_id(n) in (None, 0, 383)}
-    return whole, part
-
-
-def build_slice(model, folder):
-    whole, part = slice_spec(model)
-    lay = layout(model)
-
-    def keep(n):
-        s = lay.tensors[n][2]
-        return s in whole or part[s](n)
-    write_replica(lay, folder, shards=whole | set(part), keep=keep)
-    names = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
-    written = fill_random(folder, lay, names, seed=1)
-    return folder, written
-
-
 def _ranges_equal(p1, e1, p2, e2) -> bool:
     def h(p, e):
         d = hashlib.sha256()
@@ -323,31 +273,13 @@ def _ranges_equal(p1, e1, p2, e2) -> bool:
     return e1.nbytes == e2.nbytes and h(p1, e1) == h(p2, e2)
 
 
-@pytest.fixture(scope="session")
-def converted(tmp_path_factory):
-    """Each model's slice, quantized by the CLI (absmax RTN, the family's default group) on the CPU."""
-    got = {}
-
-    def get(model):
-        if model not in got:
-            root = tmp_path_factory.mktemp(f"slice-{model}")
-            src, written = build_slice(model, root / "src")
-            out = root / "out"
-            r = run_kq("quantize", src, "--out", out, "--device", "cpu", "--clip", "absmax", "--tp", "8", "--json",
-                       timeout=1800)
-            assert r.returncode == 0, r.stderr
-            got[model] = (src, out, json.loads(r.stdout), written)
-        return got[model]
-    return get
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("model", list(MODELS))
-def test_real_slice_converts_and_verifies(converted, model):
+def test_real_slice_converts_and_verifies(real_slices, model):
     from kq.checkpoint.reader import CheckpointReader
     from kq.checkpoint.safetensors_io import read_header
 
-    src, out, summary, written = converted(model)
+    src, out, summary, written = real_slices(model)
     assert summary["status"] == "written"
     r = run_kq("verify", out)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -391,3 +323,31 @@ def test_real_slice_converts_and_verifies(converted, model):
         assert want_here["model.layers.0.self_attn.rotary_emb.inv_freq"] == ("BF16", (56,))
         assert want_here["model.layers.1.self_attn.kv_a_proj_with_mqa.weight_scale"] == ("F32", (5, 56))
     print(f"{model}: {written / 1e9:.2f} GB random data written, quantized in {summary['seconds']} s")
+
+
+@pytest.mark.parametrize("model,layers", [(GLM, (0, 2, 3, 6, 77)), (KIMI, (0, 1, 60))])
+def test_layerwise_runner_builds_real_layers_with_the_real_shapes(model, layers):
+    """GPTQ and `kq eval` build each decoder layer from config.json with transformers' own classes: on
+    the real configs (GLM-5.2's 192 head_dim and indexer_types, Kimi's kimi_k2 remote-code config) every
+    parameter must have its real tensor's shape (on the meta device: nothing allocated)."""
+    import torch
+
+    from kq.model.families import arch_for, build_config, classes
+    lay = layout(model)
+    cfg = build_config(lay.config)
+    Layer = classes(arch_for(lay.config))[0]
+    for i in layers:
+        with torch.device("meta"):
+            sd = Layer(cfg, i).state_dict()
+        pre = f"model.layers.{i}."
+        n_exp = len({n.split(".")[5] for n in lay.tensors if n.startswith(pre + "mlp.experts.")})
+        for k, v in sd.items():
+            if k in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):
+                o, inn = lay.tensors[pre + "mlp.experts.0." + k.split(".")[-1].replace("gate_up", "up") + ".weight"][1]
+                assert tuple(v.shape) == (n_exp, o * (2 if "gate_up" in k else 1), inn), (i, k)
+            else:
+                assert tuple(v.shape) == lay.tensors[pre + k][1], (i, k)
+        left = {n[len(pre):] for n in lay.tensors if n.startswith(pre) and ".experts." not in n[len(pre):].replace(
+            "shared_experts", "") and not n.endswith("_scale_inv")} - set(sd)
+        # Kimi's stale per-layer rotary buffer (BF16 [56], not rope_dim/2 = 32) is the one tensor no module reads.
+        assert left == ({"self_attn.rotary_emb.inv_freq"} if model == KIMI else set()), (i, left)
