@@ -259,18 +259,18 @@ def test_inspect_offline_says_so_and_quantize_still_needs_the_checkpoint(tmp_pat
 
 # ---- real-layout slices converted for real ------------------------------------------------------------
 
-def _ranges_equal(p1, e1, p2, e2) -> bool:
-    def h(p, e):
-        d = hashlib.sha256()
+def _ranges_equal(p1, e1, p2, e2, whole_up_to: int = 64 << 20) -> bool:
+    """Same bytes at two file ranges; past `whole_up_to` (the embeddings and lm_head, holes in the
+    source) three 4 MB windows, start, middle and end: kq verify has hashed the whole file already."""
+    def read(p, e, off, n):
         with open(p, "rb") as f:
-            f.seek(e.start)
-            left = e.nbytes
-            while left:
-                b = f.read(min(left, 64 << 20))
-                d.update(b)
-                left -= len(b)
-        return d.digest()
-    return e1.nbytes == e2.nbytes and h(p1, e1) == h(p2, e2)
+            f.seek(e.start + off)
+            return hashlib.sha256(f.read(n)).digest()
+    if e1.nbytes != e2.nbytes:
+        return False
+    n = e1.nbytes
+    win = [(0, n)] if n <= whole_up_to else [(0, 4 << 20), (n // 2, 4 << 20), (n - (4 << 20), 4 << 20)]
+    return all(read(p1, e1, o, k) == read(p2, e2, o, k) for o, k in win)
 
 
 @pytest.mark.slow
@@ -351,3 +351,26 @@ def test_layerwise_runner_builds_real_layers_with_the_real_shapes(model, layers)
             "shared_experts", "") and not n.endswith("_scale_inv")} - set(sd)
         # Kimi's stale per-layer rotary buffer (BF16 [56], not rope_dim/2 = 32) is the one tensor no module reads.
         assert left == ({"self_attn.rotary_emb.inv_freq"} if model == KIMI else set()), (i, left)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", list(MODELS))
+def test_output_config_ignores_exactly_the_real_bf16_linears(sources, plans, model):
+    """GLM-5.2's modules_to_not_convert names 120 modules that do not exist (`indexers_proj`, tensor
+    names such as `...k_norm.bias`); the output's ignore list names only real BF16 Linears, plus the
+    suffix rules for SGLang's MTP draft names."""
+    from kq.checkpoint.ct_config import BF16_SUFFIX_TARGETS
+    from kq.quantize.run import output_config
+    lay = layout(model)
+    qc = output_config(sources[model], plans(model, MODELS[model]["group"]))["quantization_config"]
+    exact = {i for i in qc["ignore"] if not i.startswith("re:")}
+    bf16_linears = {n[: -len(".weight")] for n, (dt, shape, _) in lay.tensors.items()
+                    if n.endswith(".weight") and len(shape) == 2 and dt == "BF16" and n != "model.embed_tokens.weight"}
+    assert exact == bf16_linears
+    assert set(qc["ignore"]) - exact == set(BF16_SUFFIX_TARGETS)
+    assert "modules_to_not_convert" not in json.dumps(qc)
+    if model == GLM:
+        named = set(lay.config["quantization_config"]["modules_to_not_convert"])
+        real = {n.rsplit(".", 1)[0] for n in lay.tensors}
+        assert len(named - real) == 120 and not (named - real) & exact
+        assert "model.layers.78.eh_proj" in exact and "model.layers.0.self_attn.indexer.weights_proj" in exact
