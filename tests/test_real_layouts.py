@@ -325,6 +325,7 @@ def test_real_slice_converts_and_verifies(real_slices, model):
     print(f"{model}: {written / 1e9:.2f} GB random data written, quantized in {summary['seconds']} s")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,layers", [(GLM, (0, 2, 3, 6, 77)), (KIMI, (0, 1, 60))])
 def test_layerwise_runner_builds_real_layers_with_the_real_shapes(model, layers):
     """GPTQ and `kq eval` build each decoder layer from config.json with transformers' own classes: on
