@@ -57,3 +57,25 @@ def trained_output(tmp_path_factory):
             made[(group, clip)] = out
         return made[(group, clip)]
     return get
+
+
+@pytest.fixture(scope="session")
+def real_slices(tmp_path_factory):
+    """Each real layout's slice (tests/real_layouts.py slice_spec), quantized by the CLI (absmax RTN,
+    the family's default group) on the CPU; built on first use."""
+    import json
+
+    import real_layouts
+    got = {}
+
+    def get(model):
+        if model not in got:
+            root = tmp_path_factory.mktemp(f"slice-{model}")
+            src, written = real_layouts.build_slice(model, root / "src")
+            out = root / "out"
+            r = run_kq("quantize", src, "--out", out, "--device", "cpu", "--clip", "absmax", "--tp", "8", "--json",
+                       timeout=1800)
+            assert r.returncode == 0, r.stderr
+            got[model] = (src, out, json.loads(r.stdout), written)
+        return got[model]
+    return get

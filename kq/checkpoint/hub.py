@@ -57,6 +57,10 @@ def check_filename(filename: str) -> None:
         raise KqError(f"refusing unsafe file name from the repo index: {filename!r}")
 
 
+class HubUnreachable(KqError):
+    """The Hub could not be asked (offline mode, or no network) and the local cache does not answer."""
+
+
 def _hub_error(err: BaseException, repo_id: str, revision: str | None, filename: str | None = None) -> KqError:
     """Map huggingface_hub / network exceptions to one line that says what to do."""
     import httpx
@@ -92,16 +96,16 @@ def _hub_error(err: BaseException, repo_id: str, revision: str | None, filename:
         return KqError(f"the Hub answered HTTP {status} for {what}{rev}; retry later")
     if isinstance(err, E.LocalEntryNotFoundError) or isinstance(err, E.OfflineModeIsEnabled):
         if _offline():
-            return KqError(
+            return HubUnreachable(
                 f"offline (HF_HUB_OFFLINE=1) and {what}{rev} is not in the Hugging Face cache: run once online, "
                 "or unset HF_HUB_OFFLINE"
             )
-        return KqError(
+        return HubUnreachable(
             f"cannot reach the Hub at {_endpoint()} to get {what}{rev} and it is not cached: check the network, "
             "or use a local folder"
         )
     if isinstance(err, (httpx.TransportError, ConnectionError, TimeoutError)):
-        return KqError(f"cannot reach the Hub at {_endpoint()} ({type(err).__name__}): check the network and retry")
+        return HubUnreachable(f"cannot reach the Hub at {_endpoint()} ({type(err).__name__}): check the network and retry")
     raise err  # not a user-fixable condition: keep the traceback
 
 

@@ -55,7 +55,14 @@ class Index:
         return cls(dict(wm), shards, int(total) if total is not None else None)
 
     def tensors_in(self, shard: str) -> list[str]:
-        return [n for n, s in self.weight_map.items() if s == shard]
+        # Grouped once: a real index has 100k+ names over 60-140 shards (a scan per shard is quadratic).
+        by = self.__dict__.get("_by_shard")
+        if by is None or sum(map(len, by.values())) != len(self.weight_map):
+            by = {}
+            for n, s in self.weight_map.items():
+                by.setdefault(s, []).append(n)
+            self.__dict__["_by_shard"] = by
+        return list(by.get(shard, ()))
 
 
 def _shard_sort_key(name: str):

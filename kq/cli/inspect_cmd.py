@@ -19,16 +19,27 @@ def inspect(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable plan on stdout."),
 ) -> None:
     """Show what `kq quantize` would do: tensors per class, source and output bytes, per-GPU weight memory
-    and the TP verdict at TP 1/2/4/8, and the disk needed. Reads only config and shard headers."""
+    and the TP verdict at TP 1/2/4/8, and the disk needed. Reads only config and shard headers.
+
+    Offline (or with the Hub unreachable), a known model is planned from the layout kq ships for it
+    (its published config and every tensor's name, dtype, shape and shard), and the output says so.
+
+    Examples:\n
+      kq inspect glm-5.2 --tp 8\n
+      kq inspect kimi-k2 --group-size 128 --json\n
+      kq inspect ./GLM-5.2-FP8
+    """
     from kq.quantize.plan import make_plan
 
-    source = open_any(src, revision=revision)
+    source, offline_note = _open_for_inspect(src, revision)
     plan = make_plan(source, group_size=group_size, tp=tp)
     data = {
-        "source": source.name, "family": plan.recipe.family, "title": plan.recipe.title,
+        "source": source.name, "planned_from": "bundled layout" if offline_note else "checkpoint",
+        "family": plan.recipe.family, "title": plan.recipe.title,
         "group_size": plan.group_size, "routed_experts": plan.experts,
         "expert_intermediate": plan.expert_intermediate, "hidden": plan.hidden,
         "classes": plan.classes, "source_bytes": plan.source_bytes, "output_bytes": plan.output_bytes,
+        "output_ratio": round(plan.output_bytes / plan.source_bytes, 4),
         "disk_needed_bytes": plan.output_bytes + sum(source.extra_files.values()),
         "mtp_experts": plan.recipe.mtp_experts,
         "tp": [{"tp": v.tp, "ok": v.ok, "reason": v.reason, "per_gpu_bytes": plan.per_gpu_bytes(v.tp)} for v in plan.tp],
@@ -37,16 +48,38 @@ def inspect(
         typer.echo(json.dumps(data, indent=1))
         return
     con = Console()
+    if offline_note:
+        con.print(f"[yellow]{offline_note}")
     con.print(f"[bold]{source.name}[/]: {plan.recipe.title}; {plan.experts} routed experts, expert intermediate "
               f"{plan.expert_intermediate}, hidden {plan.hidden}; INT4 group {plan.group_size}")
     t = Table("class", "tensors", "source", "output")
     for k, v in plan.classes.items():
         t.add_row(k, str(v["tensors"]), human_bytes(v["source_bytes"]), human_bytes(v["output_bytes"]))
-    t.add_row("[bold]total", "", human_bytes(plan.source_bytes), human_bytes(plan.output_bytes))
+    t.add_row("[bold]total", "", human_bytes(plan.source_bytes),
+              f"{human_bytes(plan.output_bytes)} ({plan.output_bytes / plan.source_bytes:.3f}x)")
     con.print(t)
     t = Table("TP", "weights per GPU", "SGLang loads it?", "why")
     for v in data["tp"]:
         t.add_row(str(v["tp"]), human_bytes(v["per_gpu_bytes"]), "[green]yes" if v["ok"] else "[red]no", v["reason"])
     con.print(t)
-    con.print(f"disk needed for the output: {human_bytes(data['disk_needed_bytes'])}; "
-              f"MTP layer experts: {plan.recipe.mtp_experts}")
+    con.print(f"disk needed for the output: {human_bytes(data['disk_needed_bytes'])}"
+              f"{' plus the tokenizer files' if offline_note else ''}; MTP layer experts: {plan.recipe.mtp_experts}")
+
+
+def _open_for_inspect(src: str, revision: str | None):
+    """(source, note): the checkpoint itself, or, when the Hub cannot be asked about a model whose
+    layout kq bundles, that layout (note says so; None otherwise)."""
+    from kq.checkpoint.hub import HubUnreachable
+    from kq.checkpoint.layouts import LayoutSource, bundled_layout
+    from kq.recipes import resolve_alias
+
+    try:
+        return open_any(src, revision=revision), None
+    except HubUnreachable as err:
+        repo = resolve_alias(src) or src
+        layout = bundled_layout(repo) if revision is None else None
+        if layout is None:
+            raise
+        return LayoutSource.open(layout, name=src), (
+            f"{err} -- so planned from kq's bundled layout of {repo} (its published config.json and every "
+            "tensor's name, dtype, shape and shard); nothing was downloaded")

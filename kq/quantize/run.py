@@ -347,10 +347,8 @@ def _write_shard(source: Source, sp, final: Path, paths: dict, expert_codes: Exp
         wpool.shutdown(wait=True)
 
 
-def finish(source: Source, plan: Plan, out: Path, opts: Options, fp: str, state: dict, seconds: float) -> dict:
-    """Index, config, copied files, then the manifest (last: it marks the folder finished)."""
-    weight_map = {t.name: sp.name for sp in plan.shards for t in sp.tensors}
-    write_json_atomic(out / INDEX_NAME, {"metadata": {"total_size": plan.output_bytes}, "weight_map": weight_map})
+def output_config(source: Source, plan: Plan) -> dict:
+    """The output's config.json: the source's, with kq's compressed-tensors quantization_config."""
     from kq.checkpoint.ct_config import build_quantization_config  # imports transformers: only when needed
     config = dict(source.config)
     kept = {t.name: t for sp in plan.shards for t in sp.tensors if t.action == "copy"}
@@ -360,7 +358,14 @@ def finish(source: Source, plan: Plan, out: Path, opts: Options, fp: str, state:
     config["quantization_config"] = build_quantization_config(
         source.config, group_size=plan.group_size, source_format=plan.recipe.source_format,
         bf16_linears=bf16_linears, has_fp8=any(t.dtype in FP8 for t in kept.values()))
-    write_json_atomic(out / "config.json", config)
+    return config
+
+
+def finish(source: Source, plan: Plan, out: Path, opts: Options, fp: str, state: dict, seconds: float) -> dict:
+    """Index, config, copied files, then the manifest (last: it marks the folder finished)."""
+    weight_map = {t.name: sp.name for sp in plan.shards for t in sp.tensors}
+    write_json_atomic(out / INDEX_NAME, {"metadata": {"total_size": plan.output_bytes}, "weight_map": weight_map})
+    write_json_atomic(out / "config.json", output_config(source, plan))
     source.copy_extras(out)
     files = {name: {"sha256": rec["sha256"], "size": rec["size"]} for name, rec in state["shards"].items()}
     from kq.checkpoint.manifest import sha256_file

@@ -26,10 +26,11 @@ SMALL_CACHE_BYTES = 1 << 20
 DTYPE_ORDER = ["F8_E4M3", "F16", "BF16", "I32", "F32", "I64"]  # a tensor bound for a later shard is kept up to this size, else regenerated
 
 
-def header_for(entries: list[Entry]) -> tuple[bytes, dict[str, int]]:
-    """-> (8-byte length + padded JSON header, {name: absolute file offset of its data})."""
+def header_for(entries: list[Entry], metadata: dict | None = {"format": "pt"}) -> tuple[bytes, dict[str, int]]:  # noqa: B006 - read only
+    """-> (8-byte length + padded JSON header, {name: absolute file offset of its data}).
+    `metadata=None` writes no `__metadata__` (Kimi K2's published shards have none)."""
     ordered = sorted(entries, key=lambda e: (-DTYPE_ORDER.index(e.dtype), e.name))
-    head: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    head: dict[str, object] = {"__metadata__": metadata} if metadata else {}
     rel, pos = {}, 0
     for e in ordered:
         head[e.name] = {"dtype": e.dtype, "shape": list(e.shape), "data_offsets": [pos, pos + e.nbytes]}
