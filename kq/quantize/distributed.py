@@ -234,6 +234,32 @@ def merge_stats(per_rank: list[dict]) -> dict:
 
 # -- the runner's split points ----------------------------------------------------------------
 
+def load_layer(model, i: int):
+    """(d) Load decoder layer i: each rank reads and dequantizes its block of the routed experts (the
+    CPU-bound part of loading), then every rank gets every expert's weights, broadcast in place. Every
+    rank holds the whole layer (each window's tokens go to any expert)."""
+    if not _world.on:
+        return model.load_layer(i)
+    import torch.distributed as dist
+    E = model.n_experts()
+    layer = model.load_layer(i, experts=split(E))
+    ex = getattr(layer.mlp, "experts", None)
+    if ex is None:
+        return layer
+    comm = model.device if dist.get_backend() == "nccl" else torch.device("cpu")
+    for e, src in enumerate(owners(E)):
+        for p in (ex.gate_up_proj, ex.down_proj):
+            t = p.data[e]                                   # contiguous: a slice of the first dimension
+            flat = t.reshape(-1).view(torch.uint8)
+            if flat.device == comm:
+                dist.broadcast(flat, src)                   # in place
+            else:
+                buf = flat.to(comm)
+                dist.broadcast(buf, src)
+                flat.copy_(buf)
+    return layer
+
+
 def solve_experts(solve: Callable, n_chunks: int, device: torch.device) -> tuple[dict, dict]:
     """(a) Solve one layer's experts across ranks. solve(chunks) -> ({expert: tuple of tensors},
     stats) for the given expert-chunk indices (the solver's own chunking); this rank solves its

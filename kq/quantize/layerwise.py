@@ -114,22 +114,10 @@ def _moe_inputs(model: LayerwiseModel, layer, hidden: list[torch.Tensor], carry:
 
 def _propagate(model: LayerwiseModel, layer, hidden: list, carry: list) -> None:
     """Every window through the whole layer, in place: hidden/carry become the next layer's inputs.
-    Under torchrun each rank runs its block of batches and every rank gets all of them, in window
-    order (distributed.over_windows); one copy of the windows' states is held at a time."""
-    n = len(hidden)
-    if distributed.world().on:
-        mine = distributed.split(n)
-        for b in range(n):
-            if b not in mine:
-                hidden[b] = carry[b] = None
-
-    def one(b: int):
-        h, c = model.forward_layer(layer, hidden[b], carry[b])
-        hidden[b] = carry[b] = None
-        return h, c
-
-    for b, (h, c) in enumerate(distributed.over_windows(one, n, model.device)):
-        hidden[b], carry[b] = h, c
+    Under torchrun each rank runs its own block of batches (distributed.split; the same block at every
+    layer) and keeps only those: no rank needs another's windows (each rank saves its own)."""
+    for b in distributed.split(len(hidden)):
+        hidden[b], carry[b] = model.forward_layer(layer, hidden[b], carry[b])
 
 
 def solve_layer_experts(layer, X: torch.Tensor, cfg: GptqConfig, solve=None) -> tuple[dict, dict]:
@@ -307,19 +295,39 @@ def _atomic_json(data, path: Path) -> None:
 
 
 def _save_acts(path: Path, hidden: list, carry: list) -> None:
-    t = {f"h.{b}": h.contiguous().cpu() for b, h in enumerate(hidden)}
+    """The batches this process holds (None: another rank's), under their global batch index."""
+    t = {f"h.{b}": h.contiguous().cpu() for b, h in enumerate(hidden) if h is not None}
     t.update({f"c.{b}": c.contiguous().cpu() for b, c in enumerate(carry) if c is not None})
     _atomic_save(t, path)
 
 
-def _acts(work_dir: Path, i: int) -> Path:
-    return work_dir / f"acts-{i:04d}.safetensors"
+def _acts(work_dir: Path, i: int, rank: int | None = None) -> Path:
+    """Inputs of layer i: one file, or under torchrun one part per rank holding its batches."""
+    return work_dir / (f"acts-{i:04d}.safetensors" if rank is None else f"acts-{i:04d}.rank{rank}.safetensors")
 
 
-def _load_acts(path: Path, n: int, device) -> tuple[list, list]:
-    t = load_file(str(path))
-    return ([t[f"h.{b}"].to(device) for b in range(n)], [t[f"c.{b}"].to(device) if f"c.{b}" in t else None
-                                                         for b in range(n)])
+def _acts_files(work_dir: Path, i: int) -> list[Path]:
+    return [p for p in [_acts(work_dir, i)] if p.exists()] + sorted(work_dir.glob(f"acts-{i:04d}.rank*.safetensors"))
+
+
+def _load_acts(work_dir: Path, i: int, n: int, device, batches: Iterable[int] | None = None) -> tuple[list, list]:
+    """The inputs of layer i for `batches` (default all; None for the others), from whichever files hold
+    them (a run at another world size wrote other parts; a batch's bytes are the same in any of them)."""
+    want = list(range(n) if batches is None else batches)
+    hidden: list = [None] * n
+    carry: list = [None] * n
+    for f in _acts_files(work_dir, i):
+        with safe_open(str(f), framework="pt") as t:
+            keys = set(t.keys())
+            for b in want:
+                if hidden[b] is None and f"h.{b}" in keys:
+                    hidden[b] = t.get_tensor(f"h.{b}").to(device)
+                    carry[b] = t.get_tensor(f"c.{b}").to(device) if f"c.{b}" in keys else None
+    lost = [b for b in want if hidden[b] is None]
+    if lost:
+        raise KqError(f"{work_dir}: the saved inputs of layer {i} lack calibration batches {lost[:4]}; "
+                      "delete the output folder and rerun")
+    return hidden, carry
 
 
 def fingerprint(model: LayerwiseModel, ids: torch.Tensor, cfg: GptqConfig) -> str:
@@ -361,23 +369,28 @@ def gptq_quantize_layers(model: LayerwiseModel, calib_ids: torch.Tensor, cfg: Gp
                           "rerun with those, or delete the output folder")
         return st
     state = distributed.agree(read_state)
+    # Under torchrun a rank holds, runs and saves only its block of calibration batches.
+    mine = distributed.split(len(chunks))
+    part = distributed.world().rank if distributed.world().on else None
     if state is None:
-        hidden = [model.embed(c) for c in chunks]
+        hidden = [model.embed(c) if b in mine else None for b, c in enumerate(chunks)]
         carry: list = [None] * len(chunks)
         state = {"fingerprint": fp, "next_layer": 0, "stats": {}}
         distributed.barrier()
+        _save_acts(_acts(work_dir, 0, part), hidden, carry)
+        distributed.barrier()
         if lead:
-            _save_acts(_acts(work_dir, 0), hidden, carry)
             _atomic_json(state, state_path)
     else:
-        hidden, carry = _load_acts(_acts(work_dir, state["next_layer"]), len(chunks), model.device)
-        distributed.barrier()
+        hidden, carry = distributed.agree(lambda: _load_acts(work_dir, state["next_layer"], len(chunks),
+                                                             model.device, mine))
+    distributed.barrier()
     for i in range(model.num_layers):
         f = work_dir / f"layer-{i:04d}.safetensors"
         if i < state["next_layer"]:
             yield i, f, state["stats"].get(str(i), {})
             continue
-        layer = model.load_layer(i)
+        layer = distributed.load_layer(model, i)
         stats: dict = {}
         res: dict = {}
         if hasattr(layer.mlp, "experts"):
@@ -392,12 +405,15 @@ def gptq_quantize_layers(model: LayerwiseModel, calib_ids: torch.Tensor, cfg: Gp
         # the old inputs go: killed between any two steps, the state names complete files.
         state["next_layer"] = i + 1
         state["stats"][str(i)] = stats
+        _save_acts(_acts(work_dir, i + 1, part), hidden, carry)   # each rank its own batches
         if lead:
             _atomic_save(_packed_tensors(model.layer_prefix(i), res), f)
-            _save_acts(_acts(work_dir, i + 1), hidden, carry)
+        distributed.barrier()   # every part of the results and of the next inputs is complete
+        if lead:
             _atomic_json(state, state_path)
-            _acts(work_dir, i).unlink(missing_ok=True)
-        distributed.barrier()   # the layer is done (written by rank 0) for every rank
+            for p in _acts_files(work_dir, i):
+                p.unlink(missing_ok=True)
+        distributed.barrier()   # the layer is done for every rank
         if on_layer:
             on_layer(i + 1, model.num_layers, stats)
         yield i, f, stats
