@@ -4,6 +4,7 @@ sizes 2 and 3 (uneven splits); resume after one rank is killed; one error line f
 Each method is one entry of METHODS (its CLI arguments); the split rules are checked directly below.
 """
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -104,7 +105,6 @@ def test_kill_one_rank_then_rerun_resumes_byte_identical(tmp_path, small_glm5, c
     assert r.returncode != 0 and "finished without being killed" not in r.stdout, r.stderr[-3000:]
     assert not (out / "kq-manifest.json").exists()
     if method == "gptq":   # the state names the last layer every rank finished
-        import json
         assert json.loads((out / ".kq-work" / "gptq" / "state.json").read_text())["next_layer"] == point
     if rerun_world == 1:   # resumed by one process, without torchrun
         r = run_kq("quantize", small_glm5, "--out", out, *_args(method, calib), env={"OMP_NUM_THREADS": "1"})

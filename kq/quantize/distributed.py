@@ -8,10 +8,12 @@ What is split, and why the output keeps the single-process bytes (docs/distribut
 - RTN: output shards, a contiguous block of the plan's shards per rank (`split`). Each shard is
   computed exactly as one process computes it; rank 0 writes index/config/manifest last.
 - GPTQ, per MoE layer:
+  * the load: each rank dequantizes its block of the routed experts, every rank gets all (`load_layer`);
   * calibration windows (in the runner's batches of `batch` windows, so every forward call has the
-    single-process batch shape): each rank runs its block of batches through attention (the MoE
-    inputs) and through the whole layer (the next layer's inputs); every rank then holds every
-    batch's tensors, in window order (`share`), bit for bit what one process computes;
+    single-process batch shape): each rank runs its block of batches through attention, and every
+    rank gets every batch's MoE inputs in window order (`over_windows`), bit for bit what one process
+    computes; then through the whole layer, keeping (and saving) only its own batches' outputs, the
+    next layer's inputs (the block is the same at every layer);
   * experts, in the solver's own chunks of `expert_chunk` experts (a chunk is one batched solve,
     so splitting inside a chunk could change kernel choice and bits): a block of chunks per rank,
     every rank given all MoE inputs X (the Hessian of an expert sums over all windows in one
