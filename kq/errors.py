@@ -8,3 +8,7 @@ Anything else is a bug and keeps its traceback.
 
 class KqError(Exception):
     """A user-facing failure: str(err) is the whole message."""
+
+
+class QuietExit(Exception):
+    """Under torchrun: another rank reports the error (one line); this one exits 2 silently."""

@@ -5,11 +5,12 @@ a bug and keeps its traceback.
 """
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
 
-from kq.errors import KqError
+from kq.errors import KqError, QuietExit
 
 app = typer.Typer(
     name="kq",
@@ -40,8 +41,11 @@ _register()
 def main() -> None:
     try:
         app()
+    except QuietExit:
+        sys.exit(2)   # torchrun: the lowest failing rank printed the line
     except KqError as e:
-        typer.echo(f"kq: error: {e}", err=True)
+        rank = os.environ.get("RANK", "0") if os.environ.get("WORLD_SIZE", "1") != "1" else "0"
+        typer.echo(f"kq: error: {'' if rank == '0' else f'rank {rank}: '}{e}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         typer.echo("kq: interrupted; rerun the same command to resume", err=True)

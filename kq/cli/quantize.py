@@ -49,6 +49,9 @@ def quantize(
     gptq_refit: bool = typer.Option(False, "--gptq-refit-scales", help="GPTQ: after the codes are chosen, refit each "
                                     "output row's group scales by least squares on the Hessian-weighted error "
                                     "(kept per row only where the error drops). Codes unchanged; a little slower."),
+    gptq_expert_chunk: int = typer.Option(16, "--gptq-expert-chunk", help="GPTQ: experts solved together in one "
+                                          "batched solve (memory: chunk x hidden^2 x 4 bytes of Hessians); under "
+                                          "torchrun, the unit split across ranks (256 experts / 16 = 16 chunks)."),
     stream: bool = typer.Option(False, "--stream", help="Hub sources: delete each downloaded shard once used "
                                                           "(disk need: the output plus about two source shards)."),
     staging: Optional[Path] = typer.Option(None, "--staging", help="Where Hub shards are downloaded (default: OUT/.kq-work/download)."),
@@ -63,52 +66,43 @@ def quantize(
     Examples:\n
       kq quantize demo --out /tmp/demo\n
       kq quantize glm-5.2 --out ./GLM-5.2-INT4 --stream\n
-      kq quantize ./Kimi-K2-Instruct --group-size 32 --tp 8 --out ./k2-int4
+      kq quantize ./Kimi-K2-Instruct --group-size 32 --tp 8 --out ./k2-int4\n
+      torchrun --nproc-per-node 8 -m kq quantize ./GLM-5.2-FP8 --method gptq --calib data.jsonl --out ./g52-gptq
     """
     import torch
 
-    from kq.quantize.plan import make_plan
-    from kq.quantize.run import Options, check_tuning_env, preflight, run_quantize
+    from kq.quantize import distributed
+    from kq.quantize.run import run_quantize
 
-    require(to == "int4", f"--to {to}: only int4 is supported")
-    require(method in ("rtn", "gptq"), f"--method {method}: use rtn or gptq")
-    require(clip in ("mse", "absmax"), f"--clip {clip}: use mse or absmax")
-    require(device in ("auto", "cpu", "cuda"), f"--device {device}: use auto, cpu or cuda")
-    check_tuning_env()
-    if device == "cuda" and not torch.cuda.is_available():
+    # Under torchrun (docs/distributed.md): join the process group first, so that every check below
+    # ends all ranks with one line (distributed.agree); rank 0 alone prints.
+    dev0 = torch.device("cuda" if (device == "cuda" or (device == "auto" and torch.cuda.is_available())) else "cpu")
+    if dev0.type == "cuda" and not torch.cuda.is_available():
         raise KqError("--device cuda: no CUDA GPU is visible")
-    if method == "gptq":
-        require(calib is not None, "--method gptq needs --calib FILE (calibration text, or a Hub dataset org/name)")
-        from kq.quantize.calibration import resolve_calib
-        resolve_calib(calib)  # fail (or download) before any model work
+    world, dev = distributed.setup(dev0)
+    source, plan, opts, codes, done = distributed.agree(lambda: _prepare(
+        src, to, out, group_size, method, clip, tp, ep, calib, calib_samples, calib_seqlen, calib_policy, gptq_damp,
+        gptq_clip, gptq_asym, gptq_refit, gptq_expert_chunk, stream, staging, revision, device, jobs, dev, world))
     out = out or default_out(src)
-    staging = staging or (out / ".kq-work" / "download")
-    source = open_any(src, staging=staging, stream=stream, revision=revision)
-    plan = make_plan(source, group_size=group_size, tp=tp, ep=ep)
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device)
-    require(jobs is None or jobs >= 1, f"--jobs {jobs}: use 1 or more")
-    opts = Options(method=method, group_size=plan.group_size, clip=clip, stream=stream,
-                   jobs=jobs or (8 if dev.type == "cuda" else 1))
-    codes = None
-    if method == "gptq":
-        from kq.quantize.layerwise import POLICIES, GptqConfig, gptq_expert_codes
-        require(calib_policy in POLICIES, f"--calib-policy {calib_policy}: use one of {', '.join(POLICIES)}")
-        cfg = GptqConfig(group=plan.group_size, policy=calib_policy, damp=gptq_damp, refit=gptq_refit, clip=gptq_clip,
-                         asym=gptq_asym)
-        codes = gptq_expert_codes(source, plan, out, calib=calib, samples=calib_samples, seqlen=calib_seqlen, device=dev,
-                                  cfg=cfg)
-    if preflight(source, plan, out, opts) == "done":
-        if as_json:
-            typer.echo(json.dumps({"status": "already complete", "out": str(out)}))
-        else:
-            stderr.print(f"{out}: already complete (same source and options); nothing to do")
+    quiet = as_json or not world.lead
+    if done:
+        if world.lead:
+            if as_json:
+                typer.echo(json.dumps({"status": "already complete", "out": str(out)}))
+            else:
+                stderr.print(f"{out}: already complete (same source and options); nothing to do")
+        distributed.teardown()
         return
-    if not as_json:
+    if not quiet:
+        ranks = f" x {world.size} ranks" if world.on else ""
         stderr.print(f"[bold]{source.name}[/] ({plan.recipe.title}) -> {out}: {plan.classes.get('routed expert -> int4', {}).get('tensors', 0)} "
-                     f"expert weights to INT4 g{plan.group_size} ({method}{'/' + clip if method == 'rtn' else ''}) on {dev.type}, "
+                     f"expert weights to INT4 g{plan.group_size} ({method}{'/' + clip if method == 'rtn' else ''}) on {dev.type}{ranks}, "
                      f"{human_bytes(plan.source_bytes)} -> {human_bytes(plan.output_bytes)}")
-    with ShardProgress(plan.source_bytes, len(plan.shards), enabled=not as_json) as prog:
+    with ShardProgress(plan.source_bytes, len(plan.shards), enabled=not quiet) as prog:
         summary = run_quantize(source, plan, out, opts, device=dev, progress=prog, expert_codes=codes)
+    distributed.teardown()
+    if not world.lead:
+        return
     calib_summary = getattr(codes, "summary", None)
     if calib_summary is not None:
         summary["calibration"] = calib_summary
@@ -121,3 +115,41 @@ def quantize(
                          f"per layer: {json.dumps(calib_summary['under_calibrated'])}")
         stderr.print(f"done in {summary['seconds']:.1f} s: {out} ({human_bytes(summary['output_bytes'])}); "
                      f"check it with `kq verify {out}`")
+
+
+def _prepare(src, to, out, group_size, method, clip, tp, ep, calib, calib_samples, calib_seqlen, calib_policy,
+             gptq_damp, gptq_clip, gptq_asym, gptq_refit, gptq_expert_chunk, stream, staging, revision, device, jobs,
+             dev, world):
+    """Every check before the long part (the same on every rank) -> (source, plan, opts, codes, done)."""
+    from kq.quantize.plan import make_plan
+    from kq.quantize.run import Options, check_tuning_env, preflight
+
+    require(to == "int4", f"--to {to}: only int4 is supported")
+    require(method in ("rtn", "gptq"), f"--method {method}: use rtn or gptq")
+    require(clip in ("mse", "absmax"), f"--clip {clip}: use mse or absmax")
+    require(device in ("auto", "cpu", "cuda"), f"--device {device}: use auto, cpu or cuda")
+    check_tuning_env()
+    require(not (stream and world.on), "--stream under torchrun: ranks would delete shards others still read; "
+            "download the source first (run without --stream)")
+    require(gptq_expert_chunk >= 1, f"--gptq-expert-chunk {gptq_expert_chunk}: use 1 or more")
+    if method == "gptq":
+        require(calib is not None, "--method gptq needs --calib FILE (calibration text, or a Hub dataset org/name)")
+        from kq.quantize.calibration import resolve_calib
+        resolve_calib(calib)  # fail (or download) before any model work
+    out = out or default_out(src)
+    staging = staging or (out / ".kq-work" / "download")
+    source = open_any(src, staging=staging, stream=stream, revision=revision)
+    plan = make_plan(source, group_size=group_size, tp=tp, ep=ep)
+    require(jobs is None or jobs >= 1, f"--jobs {jobs}: use 1 or more")
+    opts = Options(method=method, group_size=plan.group_size, clip=clip, stream=stream,
+                   jobs=jobs or (8 if dev.type == "cuda" else 1))
+    codes = None
+    if method == "gptq":
+        from kq.quantize.layerwise import POLICIES, GptqConfig, gptq_expert_codes
+        require(calib_policy in POLICIES, f"--calib-policy {calib_policy}: use one of {', '.join(POLICIES)}")
+        cfg = GptqConfig(group=plan.group_size, policy=calib_policy, damp=gptq_damp, refit=gptq_refit, clip=gptq_clip,
+                         asym=gptq_asym, expert_chunk=gptq_expert_chunk)
+        codes = gptq_expert_codes(source, plan, out, calib=calib, samples=calib_samples, seqlen=calib_seqlen, device=dev,
+                                  cfg=cfg)
+    done = preflight(source, plan, out, opts) == "done"
+    return source, plan, opts, codes, done

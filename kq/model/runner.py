@@ -58,7 +58,9 @@ class LayerwiseModel:
         c = self.config
         return getattr(c, "n_routed_experts", None) or getattr(c, "num_local_experts", 0)
 
-    def load_layer(self, i: int, override: ExpertOverride | None = None) -> torch.nn.Module:
+    def load_layer(self, i: int, override: ExpertOverride | None = None, experts=None) -> torch.nn.Module:
+        """Decoder layer i on the device; with `experts`, only those routed experts are read (the
+        others' slices of the fused expert parameters are left uninitialised)."""
         if not 0 <= i < self.num_layers:
             raise KqError(f"layer {i} is outside the model's {self.num_layers} decoder layers")
         with torch.device("meta"):
@@ -68,7 +70,7 @@ class LayerwiseModel:
             dt = torch.float32 if any(m in key for m in self._fp32) else self.dtype
             like = torch.empty(like.shape, dtype=dt, device="meta")
             t = load_tensor(self.reader, self.layer_prefix(i), key, like, self.n_experts(),
-                            override if override is not None else self.override)
+                            override if override is not None else self.override, experts)
             sd[key] = t.to(self.device)
         layer.load_state_dict(sd, strict=True, assign=True)
         left = [n for n, t in list(layer.named_parameters()) + list(layer.named_buffers()) if t.is_meta]

@@ -35,12 +35,16 @@ def expert_names(prefix: str, n_experts: int, fused: str) -> list[list[str]]:
 
 
 def load_tensor(reader: Reader, prefix: str, key: str, like: torch.Tensor, n_experts: int,
-                override: ExpertOverride | None) -> torch.Tensor:
-    """The value for state-dict `key` of the layer whose checkpoint prefix is `prefix`."""
+                override: ExpertOverride | None, experts=None) -> torch.Tensor:
+    """The value for state-dict `key` of the layer whose checkpoint prefix is `prefix`. With `experts`
+    (a collection of expert indices), the fused expert parameters hold only those experts; the
+    others are left uninitialised for the caller to fill (kq.quantize.distributed.load_layer)."""
     if key.startswith("mlp.experts.") and key.split(".")[-1] in _FUSED:
         fused = key.split(".")[-1]
         out = torch.empty(like.shape, dtype=like.dtype)
         for e, parts in enumerate(expert_names(prefix, n_experts, fused)):
+            if experts is not None and e not in experts:
+                continue
             ws = []
             for m in parts:
                 w = reader.weight(m)

@@ -33,7 +33,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 from safetensors import safe_open
@@ -42,6 +42,7 @@ from safetensors.torch import load_file, save_file
 from kq.checkpoint.pack import pack_int4
 from kq.errors import KqError
 from kq.model import LayerwiseModel
+from kq.quantize import distributed
 from kq.quantize.gptq import gptq_quantize
 from kq.quantize.rtn import quantize_rtn
 
@@ -89,23 +90,43 @@ class _Stop(Exception):
 
 
 def _moe_inputs(model: LayerwiseModel, layer, hidden: list[torch.Tensor], carry: list) -> torch.Tensor:
-    """The MoE block's input for every calibration token: [T, H] float32."""
+    """The MoE block's input for every calibration token: [T, H] float32, in window order. Under
+    torchrun each rank runs its block of batches (distributed.over_windows gathers them)."""
     xs = []
 
     def hook(_mod, args):
         xs.append(args[0].reshape(-1, args[0].shape[-1]).float())
         raise _Stop
 
+    def one(b: int) -> torch.Tensor:
+        try:
+            model.forward_layer(layer, hidden[b], carry[b])
+        except _Stop:
+            pass
+        return xs.pop()
+
     h = layer.mlp.register_forward_pre_hook(hook)
     try:
-        for b in range(len(hidden)):
-            try:
-                model.forward_layer(layer, hidden[b], carry[b])
-            except _Stop:
-                pass
+        return torch.cat(distributed.over_windows(one, len(hidden), model.device))
     finally:
         h.remove()
-    return torch.cat(xs)
+
+
+def _propagate(model: LayerwiseModel, layer, hidden: list, carry: list) -> None:
+    """Every window through the whole layer, in place: hidden/carry become the next layer's inputs.
+    Under torchrun each rank runs its own block of batches (distributed.split; the same block at every
+    layer) and keeps only those: no rank needs another's windows (each rank saves its own)."""
+    for b in distributed.split(len(hidden)):
+        hidden[b], carry[b] = model.forward_layer(layer, hidden[b], carry[b])
+
+
+def solve_layer_experts(layer, X: torch.Tensor, cfg: GptqConfig, solve=None) -> tuple[dict, dict]:
+    """One layer's routed experts by `solve(layer, X, cfg, chunks=...)` (GPTQ's quantize_experts by
+    default): under torchrun each rank solves its block of expert chunks and every rank gets every
+    expert's result (distributed.solve_experts)."""
+    solve = solve or quantize_experts
+    E = layer.mlp.experts.gate_up_proj.shape[0]
+    return distributed.solve_experts(lambda chunks: solve(layer, X, cfg, chunks=chunks), n_chunks(E, cfg), X.device)
 
 
 @contextmanager
@@ -132,8 +153,9 @@ def _act(layer):
 
 
 @torch.no_grad()
-def quantize_experts(layer, X: torch.Tensor, cfg: GptqConfig) -> tuple[dict, dict]:
-    """GPTQ of one MoE layer's routed experts from its inputs X [T, H].
+def quantize_experts(layer, X: torch.Tensor, cfg: GptqConfig, chunks: Iterable[int] | None = None) -> tuple[dict, dict]:
+    """GPTQ of one MoE layer's routed experts from its inputs X [T, H]; with `chunks`, only the experts
+    of those expert chunks (chunk k: experts k*expert_chunk ... (k+1)*expert_chunk - 1; see n_chunks).
 
     -> ({expert: (q_gate_up int8 [2I, H], s_gate_up bf16, q_down int8 [H, I], s_down bf16)},
         {"tokens": [per-expert routed token counts], "rare": [experts with < min_tokens routed tokens],
@@ -154,7 +176,8 @@ def quantize_experts(layer, X: torch.Tensor, cfg: GptqConfig) -> tuple[dict, dic
     with _tf32(X.device):
         shared_h = (X.T @ X)[None] if cfg.policy == "all" else None             # [1, H, H]
     out, fallback = {}, []
-    for c0 in range(0, E, cfg.expert_chunk):
+    for k in (range(n_chunks(E, cfg)) if chunks is None else chunks):
+        c0 = k * cfg.expert_chunk
         ids = list(range(c0, min(c0 + cfg.expert_chunk, E)))
         sel = [e for e in ids if cfg.policy == "all" or counts[e] >= cfg.min_tokens]
         for e in ids:
@@ -193,6 +216,11 @@ def quantize_experts(layer, X: torch.Tensor, cfg: GptqConfig) -> tuple[dict, dic
             out[e] = (qgu[j], sgu[j], qd[j], sd[j])
     rare = [e for e in range(E) if counts[e] < cfg.min_tokens]
     return out, {"tokens": counts, "rare": rare, "rtn_fallback": fallback}
+
+
+def n_chunks(n_experts: int, cfg: GptqConfig) -> int:
+    """How many expert chunks quantize_experts solves (one batched solve each)."""
+    return -(-n_experts // cfg.expert_chunk)
 
 
 def _asym_target(wd: torch.Tensor, x: torch.Tensor, wgu: torch.Tensor, a: torch.Tensor, h: torch.Tensor, act,
@@ -267,19 +295,39 @@ def _atomic_json(data, path: Path) -> None:
 
 
 def _save_acts(path: Path, hidden: list, carry: list) -> None:
-    t = {f"h.{b}": h.contiguous().cpu() for b, h in enumerate(hidden)}
+    """The batches this process holds (None: another rank's), under their global batch index."""
+    t = {f"h.{b}": h.contiguous().cpu() for b, h in enumerate(hidden) if h is not None}
     t.update({f"c.{b}": c.contiguous().cpu() for b, c in enumerate(carry) if c is not None})
     _atomic_save(t, path)
 
 
-def _acts(work_dir: Path, i: int) -> Path:
-    return work_dir / f"acts-{i:04d}.safetensors"
+def _acts(work_dir: Path, i: int, rank: int | None = None) -> Path:
+    """Inputs of layer i: one file, or under torchrun one part per rank holding its batches."""
+    return work_dir / (f"acts-{i:04d}.safetensors" if rank is None else f"acts-{i:04d}.rank{rank}.safetensors")
 
 
-def _load_acts(path: Path, n: int, device) -> tuple[list, list]:
-    t = load_file(str(path))
-    return ([t[f"h.{b}"].to(device) for b in range(n)], [t[f"c.{b}"].to(device) if f"c.{b}" in t else None
-                                                         for b in range(n)])
+def _acts_files(work_dir: Path, i: int) -> list[Path]:
+    return [p for p in [_acts(work_dir, i)] if p.exists()] + sorted(work_dir.glob(f"acts-{i:04d}.rank*.safetensors"))
+
+
+def _load_acts(work_dir: Path, i: int, n: int, device, batches: Iterable[int] | None = None) -> tuple[list, list]:
+    """The inputs of layer i for `batches` (default all; None for the others), from whichever files hold
+    them (a run at another world size wrote other parts; a batch's bytes are the same in any of them)."""
+    want = list(range(n) if batches is None else batches)
+    hidden: list = [None] * n
+    carry: list = [None] * n
+    for f in _acts_files(work_dir, i):
+        with safe_open(str(f), framework="pt") as t:
+            keys = set(t.keys())
+            for b in want:
+                if hidden[b] is None and f"h.{b}" in keys:
+                    hidden[b] = t.get_tensor(f"h.{b}").to(device)
+                    carry[b] = t.get_tensor(f"c.{b}").to(device) if f"c.{b}" in keys else None
+    lost = [b for b in want if hidden[b] is None]
+    if lost:
+        raise KqError(f"{work_dir}: the saved inputs of layer {i} lack calibration batches {lost[:4]}; "
+                      "delete the output folder and rerun")
+    return hidden, carry
 
 
 def fingerprint(model: LayerwiseModel, ids: torch.Tensor, cfg: GptqConfig) -> str:
@@ -311,43 +359,61 @@ def gptq_quantize_layers(model: LayerwiseModel, calib_ids: torch.Tensor, cfg: Gp
     fp = fingerprint(model, calib_ids, cfg)
     state_path = work_dir / STATE
     chunks = list(calib_ids.split(cfg.batch))
-    state = json.loads(state_path.read_text()) if state_path.exists() else None
-    if state is not None and state.get("fingerprint") != fp:
-        raise KqError(f"{work_dir} holds an unfinished GPTQ run with other calibration data or options; "
-                      "rerun with those, or delete the output folder")
+    # Under torchrun only rank 0 writes the work state (lead); every rank reads it before any write.
+    lead = distributed.world().lead
+
+    def read_state():
+        st = json.loads(state_path.read_text()) if state_path.exists() else None
+        if st is not None and st.get("fingerprint") != fp:
+            raise KqError(f"{work_dir} holds an unfinished GPTQ run with other calibration data or options; "
+                          "rerun with those, or delete the output folder")
+        return st
+    state = distributed.agree(read_state)
+    # Under torchrun a rank holds, runs and saves only its block of calibration batches.
+    mine = distributed.split(len(chunks))
+    part = distributed.world().rank if distributed.world().on else None
     if state is None:
-        hidden = [model.embed(c) for c in chunks]
+        hidden = [model.embed(c) if b in mine else None for b, c in enumerate(chunks)]
         carry: list = [None] * len(chunks)
         state = {"fingerprint": fp, "next_layer": 0, "stats": {}}
-        _save_acts(_acts(work_dir, 0), hidden, carry)
-        _atomic_json(state, state_path)
+        distributed.barrier()
+        _save_acts(_acts(work_dir, 0, part), hidden, carry)
+        distributed.barrier()
+        if lead:
+            _atomic_json(state, state_path)
     else:
-        hidden, carry = _load_acts(_acts(work_dir, state["next_layer"]), len(chunks), model.device)
+        hidden, carry = distributed.agree(lambda: _load_acts(work_dir, state["next_layer"], len(chunks),
+                                                             model.device, mine))
+    distributed.barrier()
     for i in range(model.num_layers):
         f = work_dir / f"layer-{i:04d}.safetensors"
         if i < state["next_layer"]:
             yield i, f, state["stats"].get(str(i), {})
             continue
-        layer = model.load_layer(i)
+        layer = distributed.load_layer(model, i)
         stats: dict = {}
         res: dict = {}
         if hasattr(layer.mlp, "experts"):
             X = _moe_inputs(model, layer, hidden, carry)
-            res, stats = quantize_experts(layer, X, cfg)
+            res, stats = solve_layer_experts(layer, X, cfg)
             del X
             _set_experts(layer, res, cfg.group)
-        for b in range(len(hidden)):
-            hidden[b], carry[b] = model.forward_layer(layer, hidden[b], carry[b])
+        _propagate(model, layer, hidden, carry)
         del layer
         gc.collect()
         # Results and the next inputs first, then the state that points at them, then
         # the old inputs go: killed between any two steps, the state names complete files.
-        _atomic_save(_packed_tensors(model.layer_prefix(i), res), f)
-        _save_acts(_acts(work_dir, i + 1), hidden, carry)
         state["next_layer"] = i + 1
         state["stats"][str(i)] = stats
-        _atomic_json(state, state_path)
-        _acts(work_dir, i).unlink(missing_ok=True)
+        _save_acts(_acts(work_dir, i + 1, part), hidden, carry)   # each rank its own batches
+        if lead:
+            _atomic_save(_packed_tensors(model.layer_prefix(i), res), f)
+        distributed.barrier()   # every part of the results and of the next inputs is complete
+        if lead:
+            _atomic_json(state, state_path)
+            for p in _acts_files(work_dir, i):
+                p.unlink(missing_ok=True)
+        distributed.barrier()   # the layer is done for every rank
         if on_layer:
             on_layer(i + 1, model.num_layers, stats)
         yield i, f, stats
@@ -405,7 +471,8 @@ def gptq_expert_codes(source, plan, out: Path, *, calib: str, samples: int, seql
                 summary["under_calibrated"][str(i)] = stats["rare"]
             if stats.get("rtn_fallback"):
                 summary["rtn_fallback"][str(i)] = stats["rtn_fallback"]
-        _json_safe_write(work / "summary.json", summary)
+        if distributed.world().lead:
+            _json_safe_write(work / "summary.json", summary)
 
     # run_quantize calls this from several shard jobs at once (--jobs): the pass runs once,
     # under the lock, and the others wait for it.
@@ -429,7 +496,15 @@ def gptq_expert_codes(source, plan, out: Path, *, calib: str, samples: int, seql
         packed, s = t.get_tensor(name + ".packed"), t.get_tensor(name + ".scale")
         return packed, s, torch.tensor([packed.shape[0], packed.shape[1] * 8], dtype=torch.int64)
 
+    def prepare() -> None:
+        """The whole pass now, before any shard job (run_quantize calls it under torchrun): every rank
+        takes part in every layer's collectives, also a rank whose shards hold no expert."""
+        with lock:
+            if not files:
+                run_pass()
+
     expert_codes.summary = summary
+    expert_codes.prepare = prepare
     return expert_codes
 
 

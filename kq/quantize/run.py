@@ -35,6 +35,7 @@ from kq.checkpoint.safetensors_io import TORCH_DTYPE, StreamingShardWriter, read
 from kq.profile import PROFILE, Profile
 from kq.checkpoint.source import Source
 from kq.errors import KqError
+from kq.quantize import distributed
 from kq.quantize.experts import rtn_parts
 from kq.quantize.plan import FP8, Plan
 
@@ -141,9 +142,20 @@ def _gb(n: int) -> str:
 
 def _load_state(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
+        state = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
-        return {"shards": {}}  # killed before the first shard was recorded
+        state = {"shards": {}}  # killed before the first shard was recorded
+    # Under torchrun, ranks other than 0 record their shards in files of their own.
+    for p in sorted(path.parent.glob("state.rank*.json")):
+        try:
+            state["shards"].update(json.loads(p.read_text())["shards"])
+        except (OSError, json.JSONDecodeError, KeyError):
+            pass
+    return state
+
+
+def _state_path(work: Path, rank: int) -> Path:
+    return work / ("state.json" if rank == 0 else f"state.rank{rank}.json")
 
 
 def preflight(source: Source, plan: Plan, out: Path, opts: Options) -> str:
@@ -170,14 +182,18 @@ def run_quantize(source: Source, plan: Plan, out: Path, opts: Options, *,
     out = Path(out)
     device = device or default_device()
     fp = opts.fingerprint(source)
-    state_kind = preflight(source, plan, out, opts)
+    world = distributed.world()
+    state_kind = distributed.agree(lambda: preflight(source, plan, out, opts))
     if state_kind == "done":
         return {"status": "already complete", "out": str(out), **(read_manifest(out) or {}).get("sizes", {})}
     work = out / WORK_DIR
-    state_path = work / "state.json"
-    state = _load_state(state_path) if state_kind == "resume" else {"shards": {}}
-    work.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(work / "run.json", {"fingerprint": fp, "kq_version": __version__, "source": source.name})
+    state_path = _state_path(work, world.rank)
+    state = _load_state(work / "state.json") if state_kind == "resume" else {"shards": {}}
+    distributed.barrier()   # every rank has read the folder's state before anything is written
+    if world.lead:
+        work.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(work / "run.json", {"fingerprint": fp, "kq_version": __version__, "source": source.name})
+    distributed.barrier()
 
     PROFILE.reset()
     # kq's own RTN on the GPU is thread-safe: read and quantize in the same worker threads.
@@ -187,8 +203,12 @@ def run_quantize(source: Source, plan: Plan, out: Path, opts: Options, *,
             return rtn_parts(name, w, scale, group=plan.group_size, clip=opts.clip, device=device)
 
     t0 = time.time()
+    if world.on and hasattr(expert_codes, "prepare"):
+        expert_codes.prepare()  # a calibrated method's layer pass takes every rank, shards or not
     # How many pending shards still need each source shard (to release streamed ones early).
-    pending = [s for s in plan.shards if not _shard_done(out, s.name, state)]
+    # Under torchrun each rank writes its block of the plan's shards (the same block on a resume).
+    mine = distributed.split(len(plan.shards))
+    pending = [s for i, s in enumerate(plan.shards) if i in mine and not _shard_done(out, s.name, state)]
     uses: dict[str, int] = {}
     for s in pending:
         for n in s.needs:
@@ -215,8 +235,8 @@ def run_quantize(source: Source, plan: Plan, out: Path, opts: Options, *,
             if after_shard:
                 after_shard(sp.name)
 
-    for sp in plan.shards:
-        if sp not in pending and progress:
+    for i, sp in enumerate(plan.shards):
+        if i in mine and sp not in pending and progress:
             progress.end_shard(sp.name, True)
     # With many threads (jobs x workers, plus writers and hashers) the I/O threads queue for the
     # GIL behind the ones running Python; KQ_SWITCH_INTERVAL_US shortens the interpreter's switch
@@ -227,6 +247,17 @@ def run_quantize(source: Source, plan: Plan, out: Path, opts: Options, *,
         _run_jobs(one, pending, opts.jobs)
     finally:
         sys.setswitchinterval(switch)
+    if world.on:
+        # Every rank's records for rank 0, which writes the index, config and manifest (after all
+        # shards exist: gathering is the barrier); the others are done.
+        records = distributed.gather_objects(state["shards"])
+        if not world.lead:
+            return {"status": "written", "out": str(out), "rank": world.rank, "shards": len(pending)}
+        for rec in records:
+            state["shards"].update(rec)
+        if progress:
+            progress.advance("", sum(sp.nbytes for i, sp in enumerate(plan.shards) if i not in mine))
+        write_json_atomic(work / "state.json", state)
     seconds = time.time() - t0
     prof = None
     if PROFILE.on:
