@@ -1,5 +1,5 @@
 """cuda_lanes on the CPU: pick (host-side sizes only) chooses instances the extension builds and,
-for the measured shapes, the instances the H200 runs chose (benchmarks/results/kernels.md); linear
+for the measured shapes, the instances the H200 runs chose (docs/kernels.md, "Instances and picks"); linear
 refuses a weight in the wrong layout before anything is built."""
 import pytest
 
@@ -34,7 +34,7 @@ def test_pick_stage_passes_the_stage_sizes_as_the_kernel_call_does(shape, tokens
 @pytest.mark.parametrize("shape,tokens,group,want", [
     ("kimi_tp8", 1, 128, (1, 8, 4, False)),   # 128 warps: split K 8 ways (8-warp CTAs), FOLD off
     ("kimi_tp8", 1, 32, (1, 8, 4, False)),
-    ("glm47", 1, 128, (1, 4, 4, False)),      # 768 warps: 8 ways would pass one wave (call 9: 25.1 vs 35.8 us)
+    ("glm47", 1, 128, (1, 4, 4, False)),      # 768 warps: 8 ways would pass one wave
     ("glm52", 1, 128, (1, 1, 4, True, True)),  # group 128, up to four waves: activations through the ring
     ("glm52", 1, 32, (1, 1, 4, False)),
     ("kimi_tp8", 16, 32, (2, 1, 4, True)),    # just past one wave with one tile pair per warp: two
@@ -42,14 +42,14 @@ def test_pick_stage_passes_the_stage_sizes_as_the_kernel_call_does(shape, tokens
     ("kimi_tp8", 64, 128, (1, 1, 4, True, True)),  # 3.9 waves of XSM warps
     ("glm52", 16, 128, (1, 1, 4, True)),       # ten waves: the register sets
     ("glm52", 1, 64, (1, 1, 4, False)),        # no XSM instances below group 128: under one wave, FOLD off
-    ("kimi_tp8", 64, 32, (1, 1, 4, False)),     # 3.9 waves: FOLD off (tenth session)
-    ("glm52", 16, 32, (1, 1, 4, False)),       # ten waves, under 2 pairs per expert: FOLD off (twelfth session)
-    ("glm52", 64, 32, (2, 1, 4, True)),        # past twelve waves: two tile pairs per warp (tenth session)
+    ("kimi_tp8", 64, 32, (1, 1, 4, False)),     # 3.9 waves: FOLD off
+    ("glm52", 16, 32, (1, 1, 4, False)),       # ten waves, under 2 pairs per expert: FOLD off
+    ("glm52", 64, 32, (2, 1, 4, True)),        # past twelve waves: two tile pairs per warp
     ("glm52", 64, 128, (1, 1, 4, True)),       # group 128: one pair (level at GLM-5.2, 8-15 % on Kimi K2)
     ("glm52", 128, 32, (2, 1, 4, True)),       # 4 pairs per expert
     ("kimi", 128, 32, (2, 1, 4, True)),        # 2.7 pairs per expert
     ("kimi", 128, 128, (1, 1, 4, True)),
-    ("kimi", 64, 128, (1, 1, 4, True)),        # past twelve waves but 1.3 pairs per expert: one (twelfth session)
+    ("kimi", 64, 128, (1, 1, 4, True)),        # past twelve waves but 1.3 pairs per expert: one
     ("kimi", 64, 32, (1, 1, 4, False)),
     ("kimi", 16, 32, (1, 1, 4, False)),
     ("glm47", 16, 32, (1, 1, 4, False)),
@@ -67,7 +67,7 @@ def test_gate_up_picks_of_the_measured_shapes(shape, tokens, group, want):
 @pytest.mark.parametrize("group,want", [(32, (2, 1, 4, cuda_lanes.SCALE_A)), (64, (2, 1, 4, False)),
                                         (128, (2, 1, 4, False))])
 def test_down_runs_without_fold(group, want):
-    """Down: FOLD off; at group 32 the scales in the weight operand (SCALE_A, eleventh session)."""
+    """Down: FOLD off; at group 32 the scales in the weight operand (SCALE_A)."""
     e, h, i = SHAPES["glm52"]
     assert cuda_lanes.pick(512, e, h // 8, -(-i // 128), False, group) == want
 
@@ -88,8 +88,8 @@ def test_down_picks_at_group_32(shape, tokens, want):
     (4096, 7168, 32, (2, 2, 4)),
 ])
 def test_dense_picks_of_the_measured_shapes(n, k, rows, want):
-    """The fastest dense instance in each of four H200 calls (seventh session), for every measured shape;
-    up to 2 rows its XPRE twin (eighth session: faster at 1 and 2 rows, slower at 8)."""
+    """The fastest dense instance in the H200 runs, for every measured shape;
+    up to 2 rows its XPRE twin (faster at 1 and 2 rows, slower at 8)."""
     assert cuda_lanes.pick_dense(rows, n // 8, -(-k // 128)) == want
 
 

@@ -17,7 +17,7 @@ from safetensors import safe_open
 
 from kq.synth import FAMILIES, generate
 
-TINY = Path(__file__).resolve().parents[2] / "shared" / "models" / "tiny-glm-5.2-fp8"
+TINY = Path(__file__).resolve().parents[3] / "shared" / "models" / "tiny-glm-5.2-fp8"
 if not TINY.exists():
     TINY = Path("/work/shared/models/tiny-glm-5.2-fp8")
 TINY_INDEXERS = ["full", "full", "shared", "full"]

@@ -1,9 +1,9 @@
-"""GPU check of kq's SGLang plugin (issue 5, point 5). Run on an H200 by benchmarks/gpu_sglang.sh;
-not a pytest file.
+"""kq's SGLang plugin against SGLang's own Marlin MoE, and per-rank loading (`python -m benchmarks sglang`;
+on an H200 through benchmarks/gpu_sglang.sh).
 
-    PYTHONPATH=/tmp/site:$PWD/.gpu/stubs:$PWD python3 tests/sglang/gpu_check.py [--full] [--tokens 1,16,64] [--out DIR]
-    python3 tests/sglang/gpu_check.py --warm-marlin      # compile SGLang's JIT Marlin MoE path, exit
-    <side venv python> tests/sglang/gpu_check.py --cpu-dry  # this script on a CPU (see below)
+    PYTHONPATH=/tmp/site:$PWD/.gpu/stubs:$PWD python3 benchmarks/sglang_check.py [--full] [--tokens 1,16,64] [--out DIR]
+    python3 benchmarks/sglang_check.py --warm-marlin      # compile SGLang's JIT Marlin MoE path, exit
+    <side venv python> benchmarks/sglang_check.py --cpu-dry  # this script on a CPU (see below)
 
 Models: the trained tiny model (../shared/models/tiny-glm-5.2-fp8) when it is there, else a
 generated tiny GLM-5.2-layout checkpoint (kq.synth, hidden 256, 16 experts of I 1024, top-4,
@@ -67,8 +67,8 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[1]
+HERE = REPO / "tests" / "sglang"      # check_plugin's layer builder and loader, shared with the CPU tests
 TINY = REPO.parent / "shared" / "models" / "tiny-glm-5.2-fp8"
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TP = 8

@@ -1,6 +1,6 @@
 """The GPU RTN path of `kq quantize` (worker threads on CUDA streams of their own, pinned
 D2H): deterministic across --jobs, equal to the kernel called plainly, NaN refused.
-Marked gpu: runs on the lent H200 (`python3 -m pytest -m gpu tests/test_run_gpu.py`)."""
+Marked gpu: needs a CUDA GPU (`python3 -m pytest -m gpu tests/gpu/test_run_gpu.py`)."""
 import json
 
 import pytest

@@ -8,7 +8,7 @@ import pytest
 
 from kq_testutil import run_kq
 
-KILLER = Path(__file__).with_name("_killed_run.py")
+KILLER = Path(__file__).resolve().parents[1] / "_killed_run.py"
 
 
 def _files(folder: Path) -> dict[str, bytes]:

@@ -3,8 +3,38 @@ kernel's step-by-step reading, emulated, equals a float64 matmul of the checkpoi
 import pytest
 import torch
 
-from kq.kernels.lane_layout import dequantize_lane, emulate_mma_gemm, lane_input, lane_pack, lane_unpack
+from kq.kernels.lane_layout import PACK_K, STEPS, TILE, dequantize_lane, lane_input, lane_pack, lane_unpack
 from kq.kernels.layout import pack_checkpoint_nibbles
+
+
+
+def emulate_mma_gemm(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
+    """What the CUDA kernel computes for one matrix, step by step the way it reads: x [M <= 16, K]
+    -> y [M, N] float64. Lane (g, t) of step s takes its B pairs from word s // 2 at shifts
+    4 (2 (s % 2) + h), h = 0, 1, and its A pairs from x[16 s + 4 t + 2 h + i]; the tests check this
+    bookkeeping (and where a group ends) against a plain matmul of the checkpoint's weights."""
+    M, K = x.shape
+    NT, KB = words.shape[0], words.shape[1]
+    xp = torch.zeros(M, KB * PACK_K, dtype=torch.float64)
+    xp[:, :K] = x.double()
+    w = words.to(torch.int64) & 0xFFFFFFFF                       # [NT, KB, 8, 4, 4]
+    y = torch.zeros(M, NT * TILE, dtype=torch.float64)
+    for kb in range(KB):
+        part = torch.zeros(M, NT, TILE, dtype=torch.float64)
+        for s in range(STEPS):
+            for t in range(4):
+                for h in range(2):
+                    word = w[:, kb, :, t, s // 2]                  # [NT, 8 columns]
+                    for i in range(2):
+                        c = (word >> (4 * (2 * (s % 2) + h) + 16 * i)) & 0xF
+                        xk = xp[:, kb * PACK_K + 16 * s + 4 * t + 2 * h + i]      # [M]
+                        part += xk[:, None, None] * (c.double() + 128.0)        # codes enter as q + 136
+                        part -= xk[:, None, None] * 136.0                        # the offset dot
+            if (16 * (s + 1)) % group == 0:
+                gi = (kb * PACK_K + 16 * s) // group
+                y += (part * scales[:, :, gi].double()).reshape(M, NT * TILE)
+                part.zero_()
+    return y
 
 
 def test_every_input_of_a_block_sits_in_exactly_one_place():
