@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from kq.checkpoint.safetensors_io import nbytes_of
 from kq.checkpoint.source import Source
 from kq.errors import KqError
-from kq.format import GROUP_SIZES, MARLIN_TILE, TP_DEGREES, expert_match, split_failures
+from kq.format import GROUP_SIZES, MARLIN_TILE, TP_DEGREES, expert_match, split_failures  # noqa: F401  (MARLIN_TILE: also kq.quantize.plan.MARLIN_TILE)
 from kq.recipes import Recipe, recipe_for_config
 
 FP8 = ("F8_E4M3", "F8_E5M2")
@@ -94,8 +94,7 @@ def tp_verdicts(intermediate: int, experts: int, group: int, degrees=TP_DEGREES)
 
 
 def working_groups(intermediate: int, tp: int) -> list[int]:
-    per = intermediate // tp if intermediate % tp == 0 else 0
-    return [g for g in GROUP_SIZES if per and per % g == 0 and per % MARLIN_TILE == 0]
+    return [g for g in GROUP_SIZES if intermediate and split_failures(intermediate, tp, g) == []]
 
 
 def make_plan(source: Source, *, group_size: int | None = None, tp: int | None = None,
