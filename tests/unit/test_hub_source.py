@@ -141,6 +141,7 @@ def test_errors_are_one_clear_line(hub, src, tmp_path, setup, body, expected):
     assert token not in msg
 
 
+@pytest.mark.slow
 def test_network_failure_is_one_line(tmp_path):
     # A stand-in that has stopped: its loopback port refuses connections, fast and offline-safe.
     with HubStandin(tmp_path / "h") as h:

@@ -80,6 +80,7 @@ def test_local_source_has_no_base_model(out):
     assert "base_model" not in meta and "base_model_relation" not in meta
 
 
+@pytest.mark.slow
 def test_kq_card_cli_writes_keeps_user_card_and_overwrites_on_request(out):
     r = kq("card", out)
     assert r.returncode == 0, r.stderr

@@ -66,6 +66,7 @@ def _run(mode):
     assert r.stdout.startswith("ok"), r.stdout
 
 
+@pytest.mark.slow
 def test_triton_rtn_matches_torch_interpreter():
     _run("cpu")
 
