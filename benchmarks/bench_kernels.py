@@ -1,6 +1,13 @@
 """kq's W4A16 kernels against their peers, measured in the same run on one GPU (an H200).
 
-    python benchmarks/bench_kernels.py --out DIR [--quick] [--tokens 1,16,64] [--peers dense,triton,marlin]
+    python benchmarks/bench_kernels.py --out DIR [--tokens 1,16,64] [--peers dense,triton,marlin]
+        [--states burst,sustained] [--picked-only]
+
+Every row is timed in each GPU state of --states, one whole pass over the cases per state, each case's
+kernels (kq and its peers) one after the other in this one process: `burst`, the GPU idle for
+--idle-s seconds before each timing (clocks and power at rest); `sustained`, the timed graph first
+replayed back to back for --heat-s seconds (the board at its power cap, where kq and Marlin throttle
+and FP8 does not). Each row records its "state".
 
 Every time is a CUDA-graph replay (median of 15) of a graph that holds R calls, each on its
 own routing (MoE) or its own copy of the weights (dense), so weights come from HBM and not
@@ -11,7 +18,10 @@ MoE rows time one stage, gate+up over routed tokens, with the routing table buil
 the timed region, the way SGLang's peers are timed (../shared/tools/peer_moe_bench.py);
 `kq_full` rows time kq's whole fused MoE (routing table, gate+up, SiLU*mul, down, top-k
 combine). Peers: SGLang 0.5.23's Triton fused-MoE kernel in BF16, FP8 block-128 (w8a8) and
-INT4 w4a16, and its JIT Marlin MoE (moe_wna16_marlin_gemm); dense: cuBLAS BF16, cuBLAS FP8
+INT4 w4a16, and its JIT Marlin MoE as SGLang runs it (fused_marlin_moe's own block size, its own
+moe_align_block_size / moe_align_single_token sorting with the inactive-prefix count, the sorted-expert
+instance, no memset of the output: `marlin_g*` gate+up alone, `marlin_full_g*` SGLang's whole
+fused_marlin_moe against `kq_lane_full_g*`); dense: cuBLAS BF16, cuBLAS FP8
 (torch._scaled_mm, per-tensor scales), torch's int4 tinygemm (_weight_int4pack_mm).
 SGLang needs its wheels on PYTHONPATH (see benchmarks/gpu_kernels.sh).
 """
@@ -39,12 +49,14 @@ from kq.kernels.layout import PACK_K, PrepackedLinear, PrepackedMoE  # noqa: E40
 
 DEV = "cuda"
 ROWS: list[dict] = []
+# the GPU state graph_us times in (--states, --idle-s, --heat-s)
+STATE = {"name": "burst", "idle_s": 1.0, "heat_s": 2.0}
 
 
 def log(row: dict) -> None:
     """One result row; "t" (Unix seconds, when it was logged) lets benchmarks/clock_rows.py put the GPU's
     clocks and power beside it."""
-    row = {**row, "t": round(time.time(), 3)}
+    row = {**row, "state": STATE["name"], "t": round(time.time(), 3)}
     ROWS.append(row)
     print(json.dumps(row), flush=True)
 
@@ -79,6 +91,14 @@ def graph_us(fns, reps: int = 15) -> float:
             fn()
     g.replay()
     torch.cuda.synchronize()
+    if STATE["name"] == "sustained":      # back to back until the board sits at its power cap
+        end = time.perf_counter() + STATE["heat_s"]
+        while time.perf_counter() < end:
+            for _ in range(8):
+                g.replay()
+            torch.cuda.synchronize()
+    else:                                 # burst: from an idle GPU
+        time.sleep(STATE["idle_s"])
     ts = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -250,36 +270,80 @@ def marlin_scale_perm(s):
     return s.reshape(-1, 64)[:, perm].reshape(-1, n).contiguous()
 
 
-def sgl_marlin_stage1(e, n, k, m, topk, tis, tw, a, group):
-    from sgl_kernel.scalar_type import scalar_types
-    from sglang.kernels.ops.moe.moe_wna16_marlin import moe_wna16_marlin_gemm
+def sgl_marlin_block(m, topk, e):
+    """fused_marlin_moe's block size choice."""
+    for bm in [8, 16, 32, 48, 64]:
+        if m * topk / e / bm < 0.9:
+            break
+    return bm
+
+
+def sgl_marlin_align(t, bm, e):
+    """fused_marlin_moe's own sorting: the single-token align at one token, else moe_align_block_size,
+    both with the inactive-prefix count its sorted-expert instance reads."""
+    if t.shape[0] == 1 and t.shape[1] <= 32 and t.dtype == torch.int32:
+        from sglang.kernels.ops.moe.moe_align_single_token import moe_align_single_token
+        return moe_align_single_token(t, bm, return_inactive_prefix_count=True)
+    from sglang.srt.layers.moe.fused_moe_triton import moe_align_block_size
+    return moe_align_block_size(t, bm, e, return_inactive_prefix_count=True)
+
+
+def sgl_marlin_weights(e, n, k, group):
+    """Random GPTQ int32 [K/8, N] per expert repacked by SGLang's JIT, and permuted scales [E, K/g, N]."""
     from sglang.kernels.ops.quantization.gptq_marlin_repack import gptq_marlin_repack
     empty_perm = torch.empty(0, dtype=torch.int32, device=DEV)
     qs, ss = [], []
-    for _ in range(e):       # GPTQ int32 [K/8, N] per expert (random nibbles), repacked by SGLang's JIT
+    for _ in range(e):
         q = torch.randint(-2**31, 2**31 - 1, (k // 8, n), device=DEV, dtype=torch.int32)
         qs.append(gptq_marlin_repack(q, empty_perm, k, n, 4))
         ss.append(marlin_scale_perm((torch.rand(k // group, n, device=DEV) * 1e-2 + 1e-3).to(torch.bfloat16)))
-    bq, bs = torch.stack(qs), torch.stack(ss)
-    del qs, ss
-    bm = 8
-    for cand in [8, 16, 32, 48, 64]:
-        bm = cand
-        if m * topk / e / cand < 0.9:
-            break
-    als = [sgl_align(t, bm, e) for t in tis]
-    ws = torch.zeros(torch.cuda.get_device_properties(0).multi_processor_count * 4, dtype=torch.int32, device=DEV)
-    c = torch.zeros(m * topk, n, device=DEV, dtype=torch.bfloat16)
+    return torch.stack(qs), torch.stack(ss)
 
-    def call(t, al):
+
+def sgl_marlin_workspace(n, k, sorted_len, bm):
+    """fused_marlin_moe's workspace size (SGLang's MoE layer allocates it once: layer.workspace)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    size = min((max(n, k) // 64) * (sorted_len // bm), sms * 4)
+    return torch.zeros(size, dtype=torch.int32, device=DEV)
+
+
+def sgl_marlin_stage1(e, n, k, m, topk, tis, tw, a, group):
+    """gate+up of fused_marlin_moe: the same moe_wna16_marlin_gemm call and instance, the routing table
+    built outside the timing like every stage row, nothing else in the timed region."""
+    from sgl_kernel.scalar_type import scalar_types
+    from sglang.kernels.ops.moe.moe_wna16_marlin import moe_wna16_marlin_gemm
+    bq, bs = sgl_marlin_weights(e, n, k, group)
+    bm = sgl_marlin_block(m, topk, e)
+    als = [sgl_marlin_align(t, bm, e) for t in tis]
+    ws = sgl_marlin_workspace(n, k, max(al[0].size(0) for al in als), bm)
+    c = torch.empty(m * topk, n, device=DEV, dtype=torch.bfloat16)
+    atomic = torch.cuda.get_device_capability()[0] >= 9          # fused_marlin_moe's use_atomic_add (bf16)
+
+    def call(al):
         s_, e_, n_ = al
-        c.zero_()
         moe_wna16_marlin_gemm(a, c, bq, None, bs, None, None, None, None, ws, s_, e_, n_, tw,
                               moe_block_size=bm, top_k=topk, mul_topk_weights=False, is_ep=False,
+                              expert_ids_are_sorted=True, has_inactive_prefix_count=True,
                               b_q_type=scalar_types.uint4b8, size_m=m, size_n=n, size_k=k,
-                              is_k_full=True, use_atomic_add=True, use_fp32_reduce=True)
-    us = graph_us([lambda t=t, al=al: call(t, al) for t, al in zip(tis, als)])
+                              is_k_full=True, use_atomic_add=atomic, use_fp32_reduce=True, is_zp_float=False)
+    us = graph_us([lambda al=al: call(al) for al in als])
     del bq, bs
+    torch.cuda.empty_cache()
+    return us, {"moe_block_size": bm, "use_atomic_add": atomic}
+
+
+def sgl_marlin_full(e, h, i, m, topk, tis, tw, a, group):
+    """SGLang's whole fused_marlin_moe (its sorting, gate+up, SiLU*mul, down, top-k combine), called
+    the way its compressed-tensors WNA16 MoE method calls it (workspace allocated once)."""
+    from sglang.srt.layers.moe.fused_moe_triton.fused_marlin_moe import fused_marlin_moe
+    w1, s1 = sgl_marlin_weights(e, 2 * i, h, group)
+    w2, s2 = sgl_marlin_weights(e, h, i, group)
+    bm = sgl_marlin_block(m, topk, e)
+    ws = sgl_marlin_workspace(2 * i, h, m * topk + e * (bm - 1), bm)
+    logits = torch.empty(m, e, device=DEV, dtype=torch.bfloat16)
+    us = graph_us([lambda t=t: fused_marlin_moe(a, w1, w2, s1, s2, logits, tw, t, global_num_experts=e,
+                                                num_bits=4, is_k_full=True, workspace=ws) for t in tis])
+    del w1, w2, s1, s2
     torch.cuda.empty_cache()
     return us, {"moe_block_size": bm}
 
@@ -318,7 +382,9 @@ def ab_time(base, cfg0, label, make_fns, bytes_, extra=None):
                  "GBps": round(bytes_ / us / 1e3, 1), "cfg": cfg.__dict__, **(extra or {})})
 
 
-LANES: list[bool] = []      # --lanes: also time the experimental CUDA decode MoE (kq/kernels/cuda_lanes.py)
+LANES: list[bool] = []      # --lanes: also time the CUDA decode MoE (kq/kernels/cuda_lanes.py)
+PICKED_ONLY: list[bool] = []  # --picked-only: of the CUDA kernel's instances, the one cuda_lanes.pick chooses
+NO_TILES: list[bool] = []     # --no-tiles: no MoE rows of the Triton kernel on the tiles layout
 
 
 def lanes_case(base, e, h, i, m, topk, group, tis, tw, a, touched):
@@ -337,11 +403,11 @@ def lanes_case(base, e, h, i, m, topk, group, tis, tw, a, touched):
         act = torch.randn(m * topk, i, device=DEV, dtype=torch.bfloat16)
         pick1, pick2 = (cuda_lanes.pick_stage(m * topk, e, h, i, gated, group) for gated in (True, False))
         name = cuda_lanes.variant_name
-        for v in cuda_lanes.stage_variants(True, group) if decode else [pick1]:
+        for v in cuda_lanes.stage_variants(True, group) if decode and not PICKED_ONLY else [pick1]:
             us = graph_us([lambda rt=rt: cuda_lanes.moe_gate_up(a, lm, rt, topk, v) for rt in rts])
             log({**base, "kind": f"lanes_g{group}_{name(v)}", "us": round(us, 2),
                  "GBps": round(touched * 2 * i * h * bpw / us / 1e3, 1), "picked": v == pick1})
-        for v in cuda_lanes.stage_variants(False, group) if decode else [pick2]:
+        for v in cuda_lanes.stage_variants(False, group) if decode and not PICKED_ONLY else [pick2]:
             us = graph_us([lambda rt=rt: cuda_lanes.moe_down(act, lm, rt, v) for rt in rts])
             log({**base, "kind": f"lanes_down_g{group}_{name(v)}", "us": round(us, 2),
                  "GBps": round(touched * i * h * bpw / us / 1e3, 1), "picked": v == pick2})
@@ -373,7 +439,7 @@ def moe_case(name, e, h, i, m, topk, groups, peers, sweep, r=12, kq=True):
     def gbps(us, bpw):
         return round(touched * n * h * bpw / us / 1e3, 1)
 
-    for group in groups if kq else []:
+    for group in groups if kq and not NO_TILES else []:
         pp = random_moe(e, h, i, group)
         bpw = 0.5 + 2 / group
         sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -454,6 +520,12 @@ def moe_case(name, e, h, i, m, topk, groups, peers, sweep, r=12, kq=True):
             log({**base, "kind": f"marlin_g{group}", "us": round(us, 2), "GBps": gbps(us, bpw), "cfg": cfg})
         except Exception as ex:
             log({**base, "kind": f"marlin_g{group}", "error": repr(ex)[:300]})
+        try:
+            us, cfg = sgl_marlin_full(e, h, i, m, topk, tis, tw, a, group)
+            log({**base, "kind": f"marlin_full_g{group}", "us": round(us, 2),
+                 "GBps": round(touched * 3 * i * h * bpw / us / 1e3, 1), "cfg": cfg})
+        except Exception as ex:
+            log({**base, "kind": f"marlin_full_g{group}", "error": repr(ex)[:300]})
     if "triton" in peers or "fp8" in peers:     # fp8: SGLang's FP8 MoE alone, the anchor of an A/B run
         kinds = ["bf16", "fp8"] + [f"int4_g{g}" for g in groups if g in (32, 128)] if "triton" in peers else ["fp8"]
         for kind in kinds:
@@ -593,12 +665,23 @@ def main():
     ap.add_argument("--no-kq", action="store_true", help="peers only")
     ap.add_argument("--warm-marlin", action="store_true")
     ap.add_argument("--tag", default="")
-    ap.add_argument("--lanes", action="store_true", help="also time the experimental CUDA decode MoE")
+    ap.add_argument("--lanes", action="store_true", help="also time the CUDA decode MoE")
+    ap.add_argument("--picked-only", action="store_true", help="of the CUDA kernel's instances, only the picked one")
+    ap.add_argument("--no-tiles", action="store_true", help="no MoE rows of the Triton kernel on the tiles layout")
+    ap.add_argument("--states", default="burst,sustained", help="GPU states, each a whole pass: burst, sustained")
+    ap.add_argument("--idle-s", type=float, default=1.0, help="burst: seconds idle before each timing")
+    ap.add_argument("--heat-s", type=float, default=2.0, help="sustained: seconds of back-to-back replay first")
     ap.add_argument("--variants", default="", help="A/B of tile-config changes, comma list of: "
                     + ",".join(VARIANTS) + " (replaces the --sweep for kq's rows)")
     args = ap.parse_args()
     AB[:] = [v for v in args.variants.split(",") if v]
     LANES[:] = [True] if args.lanes else []
+    PICKED_ONLY[:] = [True] if args.picked_only else []
+    NO_TILES[:] = [True] if args.no_tiles else []
+    states = [st for st in args.states.split(",") if st]
+    if not states or set(states) - {"burst", "sustained"}:
+        ap.error(f"--states {args.states!r}: a comma list of burst, sustained")
+    STATE.update(idle_s=args.idle_s, heat_s=args.heat_s)
     for v in AB:
         if v not in VARIANTS:
             ap.error(f"unknown variant {v!r}; known: {', '.join(VARIANTS)}")
@@ -607,14 +690,29 @@ def main():
     torch.manual_seed(0)
     env = run_env()
     if args.warm_marlin:            # compile SGLang's JIT Marlin kernels (minutes) and exit
-        tis = routings(8, 1, 2, 1)
-        sgl_marlin_stage1(8, 512, 1024, 1, 2, tis, torch.rand(1, 2, device=DEV),
-                          torch.randn(1, 1024, device=DEV, dtype=torch.bfloat16), 128)
+        STATE.update(idle_s=0.0, heat_s=0.0)
+        for m in (1, 4):            # the single-token and the general sorting, both stages' instances
+            tis, tw = routings(8, m, 2, 1), torch.rand(m, 2, device=DEV)
+            a = torch.randn(m, 1024, device=DEV, dtype=torch.bfloat16)
+            for group in groups:
+                sgl_marlin_stage1(8, 512, 1024, m, 2, tis, tw, a, group)
+                sgl_marlin_full(8, 1024, 256, m, 2, tis, tw, a, group)
         print("marlin warm", flush=True)
         return
     cp, rd = bandwidth_tbps()
     env["copy_TBps_rw"], env["read_TBps"] = round(cp, 3), round(rd, 3)
+    env["states"] = {"names": states, "idle_s": args.idle_s, "heat_s": args.heat_s}
     print(json.dumps(env), flush=True)
+    for state in states:
+        STATE["name"] = state
+        run_pass(args, peers, groups)
+    with open(os.path.join(args.out, f"kernels_bench{args.tag}.json"), "w") as f:
+        json.dump({"env": env, "rows": ROWS}, f, indent=1)
+    print_table(env)
+
+
+def run_pass(args, peers, groups) -> None:
+    """Every case once, in the current STATE."""
     for m in [] if args.skip_moe else [int(t) for t in args.tokens.split(",")]:
         for name in args.moe.split(","):
             e, h, i = MOE_SHAPES[name]
@@ -632,9 +730,6 @@ def main():
             except Exception as ex:
                 traceback.print_exc()
                 log({"case": name, "error": repr(ex)[:300]})
-    with open(os.path.join(args.out, f"kernels_bench{args.tag}.json"), "w") as f:
-        json.dump({"env": env, "rows": ROWS}, f, indent=1)
-    print_table(env)
 
 
 def print_table(env):
@@ -645,59 +740,8 @@ def print_table(env):
             continue
         key = r.get("case"), r.get("M")
         kind = r["kind"] + (f" {r['variant']}/{r.get('round', '-')}" if "variant" in r else "")
-        print(f"{key[0]:24s} M={key[1]:<5} {kind:30s} {r['us']:9.2f} us  {r.get('GBps', 0):7.1f} GB/s")
-
-
-MARLIN_REF = {  # REFERENCE.md §4: SGLang 0.5.23 Marlin MoE, same harness, another run (2026-11-30), gate+up
-    ("kimi_tp8", 1): (12.9, 14.5), ("kimi_tp8", 16): (73.3, 75.4), ("kimi_tp8", 64): (173, 176),
-    ("glm52", 1): (42.0, 42.7), ("glm52", 16): (425, 439), ("glm52", 64): (874, 926),
-}
-
-
-def report(path: str) -> None:
-    """Markdown tables (with ratios to the peers of the same run) from a bench log or JSON lines."""
-    rows = []
-    for line in open(path):
-        line = line.strip()
-        if line.startswith("{") and '"case"' in line and "_sweep" not in line:
-            r = json.loads(line)
-            if "us" in r:
-                rows.append(r)
-    by = {(r["case"], r["M"], r["kind"]): r for r in rows}
-    print("| case | tokens x8 | group | kq gate+up us (TB/s) | vs SGLang FP8 | vs SGLang BF16 | vs SGLang INT4 |"
-          " Marlin (REFERENCE, other run) | kq whole MoE us |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for case in ("kimi_tp8", "glm52"):
-        for m in (1, 16, 64):
-            for g in (128, 32):
-                k = by.get((case, m, f"kq_g{g}"))
-                if not k:
-                    continue
-                def ratio(kind):
-                    p = by.get((case, m, kind))
-                    return f"{p['us'] / k['us']:.2f}x ({p['us']:.1f})" if p else "n/a"
-                mref = MARLIN_REF.get((case, m))
-                mtxt = f"{mref[0 if g == 32 else 1] / k['us']:.2f}x ({mref[0 if g == 32 else 1]})" if mref else "n/a"
-                full = by.get((case, m, f"kq_full_tuned_g{g}")) or by.get((case, m, f"kq_full_g{g}"))
-                print(f"| {case} | {m} | {g} | {k['us']:.1f} ({k['GBps'] / 1000:.2f}) | {ratio('sgl_fp8')} | "
-                      f"{ratio('sgl_bf16')} | {ratio(f'sgl_int4_g{g}')} | {mtxt} | "
-                      f"{full['us']:.1f} |" if full else "n/a |")
-    print()
-    print("| dense N x K | M | kq us | kq path | vs cuBLAS BF16 | vs cuBLAS FP8 | vs tinygemm g128 |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        if not r["case"].startswith(("dense", "kimi_gate", "kimi_down")) or r["kind"] != "kq_g128":
-            continue
-        def ratio(kind):
-            p = by.get((r["case"], r["M"], kind))
-            return f"{p['us'] / r['us']:.2f}x ({p['us']:.1f})" if p else "n/a"
-        cfg = r["cfg"] if isinstance(r["cfg"], str) else "BM{block_m} BN{block_n} split{split_k} w{num_warps}".format(**r["cfg"])
-        print(f"| {r['N']}x{r['K']} | {r['M']} | {r['us']:.1f} | {cfg} | {ratio('cublas_bf16')} | "
-              f"{ratio('cublas_fp8')} | {ratio('tinygemm_g128')} |")
+        print(f"{r['state']:9s} {key[0]:24s} M={key[1]:<5} {kind:30s} {r['us']:9.2f} us  {r.get('GBps', 0):7.1f} GB/s")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--report":
-        report(sys.argv[2])
-    else:
-        main()
+    main()

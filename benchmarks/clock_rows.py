@@ -34,7 +34,8 @@ def clocks(path: str) -> list[tuple[float, int, float, int]]:
 
 def cited(row: dict) -> bool:
     kind = row.get("kind", "")
-    return kind == "sgl_fp8" or kind.startswith("kq_lane_full") or (kind.startswith("lanes_") and row.get("picked"))
+    return (kind == "sgl_fp8" or kind.startswith(("kq_lane_full", "marlin_"))
+            or (kind.startswith("lanes_") and row.get("picked")))
 
 
 def main() -> None:
@@ -50,7 +51,7 @@ def main() -> None:
         print(f"clocks: {len(samples)} samples, SM MHz min/median/max {sm[0]}/{sm[len(sm) // 2]}/{sm[-1]}, "
               f"power W max {max(s[2] for s in samples):.1f}, throttle reasons {dict(reasons)}")
     rows = [json.loads(ln) for ln in open(args.rows) if ln.startswith("{") and '"t":' in ln]
-    print("case | tokens | kind | us | SM MHz median (min) | W max | power-capped samples")
+    print("state | case | tokens | kind | us | SM MHz median (min) | W max | power-capped samples")
     prev = None
     for r in rows:
         window = [s for s in samples if prev is not None and prev < s[0] <= r["t"]]
@@ -58,11 +59,12 @@ def main() -> None:
         if not (args.all or cited(r)) or "us" not in r:
             continue
         if not window:
-            print(f"{r.get('case')} | {r.get('M')} | {r['kind']} | {r['us']} | no samples")
+            print(f"{r.get('state', '-')} | {r.get('case')} | {r.get('M')} | {r['kind']} | {r['us']} | no samples")
             continue
         sm = [s[1] for s in window]
         capped = sum(1 for s in window if s[3] & 0x4) / len(window)
-        print(f"{r.get('case')} | {r.get('M')} | {r['kind']} | {r['us']} | {statistics.median(sm):.0f} ({min(sm)}) | "
+        print(f"{r.get('state', '-')} | {r.get('case')} | {r.get('M')} | {r['kind']} | {r['us']} | "
+              f"{statistics.median(sm):.0f} ({min(sm)}) | "
               f"{max(s[2] for s in window):.0f} | {100 * capped:.0f} % of {len(window)}")
 
 

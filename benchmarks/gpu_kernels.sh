@@ -1,41 +1,37 @@
 #!/usr/bin/env bash
-# On the lent H200, from the repo root: the GPU kernel tests, then benchmarks/bench_kernels.py (args passed on).
-# Logs and the JSON tables land in $OUT. The SGLang peers need, carried along (both git-ignored):
-#   .whl/        sglang 0.5.23 + apache-tvm-ffi 0.1.11, orjson, pybase64, msgspec, pyzmq, dill, gguf, starlette,
-#                pydantic, pydantic-core, annotated-types, typing-inspection (Python 3.12 wheels)
-#   .gpu/stubs/  IPython stub (../shared/tools/stubs) and sgl_kernel/{__init__,scalar_type}.py (sgl_kernel 0.3.21)
-# MARLIN=1 also times SGLang's JIT Marlin MoE: its build (minutes) runs in the background meanwhile.
-# DRY=1:   the same flow on a CPU (no wheels, no nvidia-smi; interpreter tests);
-#          PY picks the interpreter (default python3).
-set -o pipefail
-OUT=${OUT:-out}
-PY=${PY:-python3}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-WHL=${KQ_WHL:-.whl}   # .whl-slim (27 MB: sglang and what its kernels import) is enough for the peers
-if [ -z "$DRY" ] && ls "$WHL"/*.whl >/dev/null 2>&1; then
-  SITE=${KQ_SITE:-/tmp/site}  # another script running beside this one on the same machine needs its own
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHL"/*.whl || exit 1
-  export PYTHONPATH=$SITE:$PWD/.gpu/stubs:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
-if [ -z "$DRY" ]; then
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
-fi
-WARM=
-if [ -n "$MARLIN" ]; then
-  "$PY" benchmarks/bench_kernels.py --warm-marlin > "$OUT/marlin_warm.log" 2>&1 &
-  WARM=$!
-fi
-if [ -z "$SKIP_TESTS" ]; then
-  if [ -n "$DRY" ]; then TESTS=tests/test_kernels_interpreter.py; else TESTS="-m gpu tests/test_kernels_gpu.py"; fi
-  # shellcheck disable=SC2086
-  "$PY" -m pytest -q -p no:cacheprovider $TESTS 2>&1 | tee "$OUT/pytest_gpu.log" | tail -15
-fi
-"$PY" benchmarks/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v sweep
-if [ -n "$WARM" ]; then
-  wait "$WARM"; tail -3 "$OUT/marlin_warm.log"
-  "$PY" benchmarks/bench_kernels.py --out "$OUT" "$@" --no-kq --peers marlin --skip-dense --tag _marlin 2>&1 \
-    | tee "$OUT/bench_marlin.log" | grep -v sweep
-fi
+# The kernel tables of record on one H200, one call: `bash benchmarks/gpu_kernels.sh`.
+#  - SGLang's JIT Marlin MoE build starts first, in the background (about 300 s of nvcc on the host CPUs;
+#    a cache hit when .gpu/sgl_jit.tgz, the build an earlier run saved as $OUT/sgl_jit.tgz, travels);
+#  - meanwhile the kernel GPU tests (not with SKIP_TESTS=1);
+#  - then `python -m benchmarks kernels`: one process, every MoE shape of MOE (default all four:
+#    glm52,kimi_tp8,kimi,glm47) at 1/16/64 tokens and groups 128 and 32, kq's picked CUDA instance, its
+#    whole MoE, SGLang's Marlin MoE as SGLang runs it (stage and whole path), SGLang's FP8 MoE, and the
+#    dense rows against cuBLAS BF16 / FP8 and torch int4; one pass per GPU state of STATES (default
+#    burst,sustained: idle IDLE_S s before each timing / HEAT_S s of back-to-back replay first), each
+#    state's kernels interleaved case by case; the tables are printed at the end, one per state;
+#  - the GPU's clocks and power every 100 ms meanwhile ($R/clocks.csv), per row in $R/clock_rows.txt.
+# carry: .whl-slim .gpu        results: $OUT/kernels.tgz (and $OUT/sgl_jit.tgz when the build ran here)
+# Budget: with the tests and a cached Marlin build, about 400-550 s for all four shapes; split the
+# shapes over two calls (MOE=glm52,kimi_tp8 then MOE=kimi,glm47) if a call's limit is closer.
+source benchmarks/gpu_common.sh kernels
+export SGLANG_JIT_CACHE_DIR=/tmp/sgl_jit
+mkdir -p "$SGLANG_JIT_CACHE_DIR"
+[ -f .gpu/sgl_jit.tgz ] && tar xzf .gpu/sgl_jit.tgz -C "$SGLANG_JIT_CACHE_DIR" && echo "marlin cache unpacked"
+timeout "${MARLIN_WARM_TIMEOUT:-420}" python3 benchmarks/bench_kernels.py --warm-marlin --groups 128,32 \
+  > "$R/marlin_warm.log" 2>&1 &
+W=$!
+[ "${SKIP_TESTS:-0}" = 1 ] || kernel_tests
+wait $W; echo "marlin warm rc $? after $(( $(date +%s) - T0 )) s"
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+  --format=csv -lms 100 > "$R/clocks.csv" 2>&1 &
+C=$!
+timeout "${BENCH_TIMEOUT:-480}" python3 -m benchmarks kernels --out "$R" --lanes --picked-only --no-tiles \
+  --peers dense,fp8,marlin --moe "${MOE:-glm52,kimi_tp8,kimi,glm47}" --tokens "${TOKENS:-1,16,64}" \
+  --groups 128,32 --dense-m "${DENSE_M:-1,16,32,64,4096}" --states "${STATES:-burst,sustained}" \
+  --idle-s "${IDLE_S:-0.5}" --heat-s "${HEAT_S:-1.0}" 2>&1 | tee "$R/kernels.log" | grep -v '^{'
+echo "kernels rc $? after $(( $(date +%s) - T0 )) s"
+kill $C
+python3 benchmarks/clock_rows.py "$R/kernels.log" "$R/clocks.csv" > "$R/clock_rows.txt" 2>&1; head -1 "$R/clock_rows.txt"
+grep -iE "Traceback|error" "$R"/*.log | head -5
+[ -f .gpu/sgl_jit.tgz ] || tar czf "$OUT/sgl_jit.tgz" -C "$SGLANG_JIT_CACHE_DIR" .
+tar czf "$OUT/kernels.tgz" -C "$OUT" kernels && rm -rf "$R"

@@ -77,7 +77,7 @@ rm -rf "$WORK"
 # Correctness of kq's GPU path in the same call (after the timings): deterministic across --jobs,
 # equal to the Triton kernel called plainly, non-finite scales refused. GPU_TESTS=0 skips it.
 if [ -z "$KQ_BENCH_DRY" ] && [ "${GPU_TESTS:-1}" != 0 ]; then
-  timeout 150 "$PY" -m pytest -q -m gpu tests/test_run_gpu.py tests/test_rtn_triton.py -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
+  timeout 150 "$PY" -m pytest -q -m gpu tests/gpu/test_run_gpu.py tests/unit/test_rtn_triton.py -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi
 exit $rc

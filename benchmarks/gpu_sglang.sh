@@ -3,7 +3,7 @@
 # reference and SGLang's own Marlin MoE (CompressedTensorsWNA16MoE) on the same loaded weights and
 # routing (rsf 2.5), and per-rank load time of `kq shard` files vs the unsharded checkpoint, on a
 # generated tiny GLM-5.2-layout model and one generated full-size GLM-5.2 layer
-# (tests/sglang/gpu_check.py; its docstring says what is compared and the tolerances).
+# (benchmarks/sglang_check.py; its docstring says what is compared and the tolerances).
 #
 # Carry (git-ignored): .whl (sglang 0.5.23 + small deps, see gpu_kernels.sh, plus openai 2.8.0, distro, jiter,
 # sniffio and partial-json-parser: SGLang's FusedMoE import chain reaches its OpenAI protocol module and the
@@ -43,15 +43,15 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 echo "JIT cache: ${SGLANG_JIT_CACHE_DIR:-$HOME/.cache/sglang/jit}" | tee -a "$OUT/gpu.txt"
 
 echo "== [$SECONDS s] Marlin JIT warm-up (background)"
-timeout "$(lim 75)" python3 tests/sglang/gpu_check.py --warm-marlin > "$OUT/marlin_warm.log" 2>&1 &
+timeout "$(lim 75)" python3 benchmarks/sglang_check.py --warm-marlin > "$OUT/marlin_warm.log" 2>&1 &
 WARM=$!
 
 echo "== [$SECONDS s] checkpoints: generate, kq quantize, kq shard --tp 8"
-timeout "$(lim 150)" python3 tests/sglang/gpu_check.py --full --prepare-only --work "$WORK" 2>&1 \
+timeout "$(lim 150)" python3 benchmarks/sglang_check.py --full --prepare-only --work "$WORK" 2>&1 \
   | tee "$OUT/prepare.log" | grep -v "^\[" | tail -4
 
 echo "== [$SECONDS s] kq rows + load timings (no Marlin)"
-timeout "$(lim 110)" python3 tests/sglang/gpu_check.py --full --no-marlin --tokens "$TOKENS" --work "$WORK" \
+timeout "$(lim 110)" python3 benchmarks/sglang_check.py --full --no-marlin --tokens "$TOKENS" --work "$WORK" \
   --out "$OUT/kq_only" > "$OUT/kq_only.log" 2>&1
 echo "rc $?"; grep -v "^\[" "$OUT/kq_only.log" | grep -v "^ \|^Traceback" | tail -25
 
@@ -68,7 +68,7 @@ tail -2 "$OUT/marlin_warm.log"
 
 if [ -n "$MARLIN" ]; then
   echo "== [$SECONDS s] kq vs SGLang Marlin MoE vs torch reference ($(left) s left)"
-  timeout "$(lim 5)" python3 tests/sglang/gpu_check.py --full --no-load --tokens "$TOKENS" --work "$WORK" \
+  timeout "$(lim 5)" python3 benchmarks/sglang_check.py --full --no-load --tokens "$TOKENS" --work "$WORK" \
     --out "$OUT" > "$OUT/marlin.log" 2>&1
   echo "rc $?"; grep -v "^\[" "$OUT/marlin.log" | grep -v "^ \|^Traceback" | tail -25
 fi

@@ -1,12 +1,12 @@
-r"""Markdown tables of record from a bench_kernels.py --lanes run (JSON lines) and its Marlin rows.
+r"""Markdown tables of record from bench_kernels.py --lanes rows (JSON lines, or its kernels_bench*.json).
 
-    python benchmarks/kernel_table.py [--repick] benchmarks/results/h200/kernels_s5_0242e99.jsonl \
-        benchmarks/results/h200/kernels_s5_marlin_0242e99.json
+    python benchmarks/kernel_table.py [--repick] DECODE_LOG [MORE_ROWS ...]
 
-kq's gate+up is the CUDA lane kernel's instance that cuda_lanes.pick chooses (the row marked
-"picked"), the whole MoE the public kq.kernels.fused_moe_w4a16 on the lane layout; every ratio is
-peer time / kq time, peers from the same call (Marlin on the machine's other GPU, same call), "n/a"
-where the call did not run that peer. Then the dense rows, if the run has them.
+One table per GPU state the rows were timed in (burst, sustained; rows without a state, from runs
+before states were recorded, print as "state not recorded"). kq's gate+up is the CUDA lane kernel's
+instance that cuda_lanes.pick chooses (the row marked "picked"), the whole MoE the public
+kq.kernels.fused_moe_w4a16 on the lane layout; every ratio is peer time / kq time in the same state,
+"n/a" where the run did not time that peer. Then the dense rows, if the run has them.
 """
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ import json
 import sys
 
 
-def load(paths: list[str]) -> tuple[dict, dict]:
+UNSTATED = "state not recorded"
+
+
+def read_rows(paths: list[str]) -> tuple[list[dict], dict]:
     rows, env = [], {}
     for path in paths:
         text = open(path).read()
@@ -30,7 +33,19 @@ def load(paths: list[str]) -> tuple[dict, dict]:
                     rows.append(r)
                 else:
                     env = env or r
-    return {(r["case"], r["M"], r["kind"]): r for r in rows if "us" in r and "_sweep" not in r["kind"]}, env
+    return rows, env
+
+
+def states(rows: list[dict]) -> list[str]:
+    return list(dict.fromkeys(r.get("state", UNSTATED) for r in rows if "us" in r))
+
+
+def load(paths: list[str], state: str | None = None) -> tuple[dict, dict]:
+    """(case, M, kind) -> row of one state (default: the first the rows hold), and the run's env row."""
+    rows, env = read_rows(paths)
+    state = state or (states(rows) or [UNSTATED])[0]
+    return {(r["case"], r["M"], r["kind"]): r for r in rows
+            if "us" in r and "_sweep" not in r["kind"] and r.get("state", UNSTATED) == state}, env
 
 
 def moe_cases(by: dict) -> list[str]:
@@ -61,12 +76,21 @@ def repicked(by: dict, case: str, m: int, prefix: str):
 
 
 def main(paths: list[str]) -> None:
-    by, env = load(paths)
+    rows, env = read_rows(paths)
     print(f"{env.get('gpu')}, driver {env.get('driver', '?').split()[0]}, torch {env.get('torch')}, "
-          f"triton {env.get('triton')}, {env.get('date')}; read bandwidth probe {env.get('read_TBps')} TB/s\n")
+          f"triton {env.get('triton')}, {env.get('date')}; read bandwidth probe {env.get('read_TBps')} TB/s")
+    for state in states(rows):
+        by, _ = load(paths, state)
+        print(f"\n{state}" + (f" (idle {env['states']['idle_s']} s before each timing)" if state == "burst" and "states" in env
+                               else f" (after {env['states']['heat_s']} s of back-to-back replay)" if state == "sustained"
+                               and "states" in env else "") + "\n")
+        table(by)
+
+
+def table(by: dict) -> None:
     print("| case | tokens x8 | group | kq gate+up us (TB/s) [instance] | vs SGLang FP8 | vs Marlin | "
-          "vs SGLang BF16 | vs SGLang INT4 | vs kq Triton | kq whole MoE us | vs kq Triton whole |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "vs SGLang BF16 | vs SGLang INT4 | vs kq Triton | kq whole MoE us | vs Marlin whole | vs kq Triton whole |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for case in moe_cases(by):
         for m in sorted({mm for (c, mm, _) in by if c == case}):
             for g in (128, 32):
@@ -82,6 +106,7 @@ def main(paths: list[str]) -> None:
                 print(f"| {case} | {m} | {g} | {k['us']:.1f} ({k['GBps'] / 1000:.2f}) [{inst}] | {ratio('sgl_fp8')} | "
                       f"{ratio(f'marlin_g{g}')} | {ratio('sgl_bf16')} | {ratio(f'sgl_int4_g{g}')} | "
                       f"{ratio(f'kq_g{g}')} | {'%.1f' % full['us'] if full else 'n/a'} | "
+                      f"{ratio(f'marlin_full_g{g}', full) if full else 'n/a'} | "
                       f"{ratio(f'kq_full_g{g}', full) if full else 'n/a'} |")
     dense(by)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Per-rank expert load on this CPU machine, trained tiny model: tests/sglang/gpu_check.py --cpu-dry in the
+# Per-rank expert load on this CPU machine, trained tiny model: benchmarks/sglang_check.py --cpu-dry in the
 # SGLang side venv (`bash .ci/sglang-venv.sh` builds it; setup.sh does too). It quantizes the trained
 # tiny model (shared/models/tiny-glm-5.2-fp8), cuts `kq shard --tp 8` rank files, builds SGLang's FusedMoE
 # with kq's config and with SGLang's own compressed-tensors config through SGLang's loader (same rank
@@ -15,6 +15,6 @@ PY=$VENV/bin/python
 WORK=${WORK:-$(mktemp -d)}
 {
   echo "# bash benchmarks/sglang_load_cpu.sh: $(date -u '+%F %H:%M UTC'), kq $(git describe --always --dirty), $(nproc) CPUs, $(uname -m)"
-  PYTHONPATH=$PWD "$PY" tests/sglang/gpu_check.py --cpu-dry --work "$WORK" --out "$OUT" 2>&1 \
+  PYTHONPATH=$PWD "$PY" benchmarks/sglang_check.py --cpu-dry --work "$WORK" --out "$OUT" 2>&1 \
     | grep -v "^\[" | grep -v "^ \|^Traceback"
 } | tee "$OUT/sglang_load_cpu.txt"

@@ -19,7 +19,7 @@ from kq_testutil import SMALL_GLM5, run_kq  # noqa: E402
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (runs on the lent H200, not in CI)")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

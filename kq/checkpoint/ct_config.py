@@ -16,9 +16,7 @@ from __future__ import annotations
 
 from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, QuantizationScheme
 
-# Matches `…layers.L.mlp.experts.E.gate_proj` (checkpoint names and SGLang's per-expert
-# names, with or without a `language_model.` or draft-model prefix).
-EXPERT_TARGET = r"re:.*mlp\.experts\.\d+\.(gate|up|down)_proj$"
+from kq.format import EXPERT_TARGET  # noqa: E402  (kq.checkpoint.ct_config's API)
 # BF16 Linear modules by suffix: routers, DSA indexer weights_proj, MTP projections.
 BF16_SUFFIX_TARGETS = (r"re:.*mlp\.gate$", r"re:.*indexer\.weights_proj$", r"re:.*eh_proj$",
                        r"re:.*shared_head\.head$")

@@ -15,8 +15,9 @@ from pathlib import Path
 from kq.checkpoint import hub
 from kq.checkpoint.index import INDEX_NAME, SINGLE_NAME, Index, check_shard_name, load_json
 from kq.checkpoint.safetensors_io import TensorEntry, read_header
-from kq.checkpoint.source import NOT_COPIED, Source
+from kq.checkpoint.source_base import NOT_COPIED, Source
 from kq.errors import KqError
+from kq.format import atomic_path
 
 
 class HubSource(Source):
@@ -95,9 +96,8 @@ class HubSource(Source):
     def copy_extras(self, dest: Path) -> None:
         for name in self.extra_files:
             p = hub.fetch_file(self.repo_id, name, revision=self.revision, dest_dir=self.staging / ".meta")
-            tmp = dest / (name + ".tmp")
-            shutil.copyfile(p, tmp)
-            tmp.replace(dest / name)
+            with atomic_path(dest / name) as tmp:
+                shutil.copyfile(p, tmp)
 
 
 def hub_cache_dir(repo_id: str) -> Path:

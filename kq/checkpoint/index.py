@@ -13,8 +13,7 @@ from pathlib import Path
 
 from kq.errors import KqError
 
-INDEX_NAME = "model.safetensors.index.json"
-SINGLE_NAME = "model.safetensors"
+from kq.format import INDEX_NAME, SINGLE_NAME  # noqa: F401  (kq.checkpoint.index's API)
 _SAFE_SHARD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.safetensors$")
 
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
-MANIFEST_NAME = "kq-manifest.json"
-WORK_DIR = ".kq-work"
+from kq.format import MANIFEST_NAME, RANK_SHARDS_DIR, WORK_DIR, write_json_atomic  # noqa: F401  (this module's API)
+
 # Folders inside a checkpoint that are not part of it: huggingface_hub's upload state, an
 # unfinished run's state, and `kq shard`'s per-rank files (derived, with their own manifest).
-IGNORED_DIRS = (".cache", WORK_DIR, "kq-shards")
+IGNORED_DIRS = (".cache", WORK_DIR, RANK_SHARDS_DIR)
 
 
 def sha256_file(path: str | Path, chunk: int = 16 << 20) -> str:
@@ -23,16 +22,6 @@ def sha256_file(path: str | Path, chunk: int = 16 << 20) -> str:
         while b := f.read(chunk):
             h.update(b)
     return h.hexdigest()
-
-
-def write_json_atomic(path: Path, data) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def read_manifest(folder: Path) -> dict | None:

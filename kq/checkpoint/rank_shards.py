@@ -28,18 +28,12 @@ from safetensors.torch import save_file
 
 from kq.checkpoint.manifest import sha256_file, write_json_atomic
 from kq.errors import KqError
+from kq.format import EXPERT_PART_RE, MANIFEST_NAME, atomic_path, rank_file_name, rank_shard_dir, write_json_atomic
 from kq.kernels import PrepackedMoE, prepack_moe
 
 FORMAT = "kq-rank-shards/1"
-_EXPERT = re.compile(r"^(?P<layer>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<proj>gate|up|down)_proj\.weight_packed$")
-
-
-def shard_dir(folder: Path, tp: int, ep: int) -> Path:
-    return Path(folder) / "kq-shards" / f"tp{tp}-ep{ep}"
-
-
-def rank_file(tp_rank: int, ep_rank: int) -> str:
-    return f"ep{ep_rank}-tp{tp_rank}.safetensors"
+shard_dir = rank_shard_dir
+rank_file = rank_file_name
 
 
 @dataclass(frozen=True)
@@ -54,9 +48,9 @@ def expert_layers(reader) -> list[ExpertLayer]:
     """Routed-expert layers of a kq checkpoint, from tensor names and shapes only."""
     found: dict[str, set[int]] = {}
     for n in reader.names():
-        m = _EXPERT.match(n)
-        if m:
-            found.setdefault(m["layer"], set()).add(int(m["e"]))
+        m = EXPERT_PART_RE.match(n)
+        if m and m["part"] == "packed":
+            found.setdefault(m["layer"], set()).add(int(m["expert"]))
     layers = []
     for name in sorted(found, key=_layer_key):
         ids = found[name]
@@ -125,7 +119,7 @@ def write_rank_shards(folder: Path, tp: int, ep: int = 1, device: torch.device |
     from kq.checkpoint.reader import CheckpointReader
 
     folder = Path(folder)
-    kq_manifest = folder / "kq-manifest.json"
+    kq_manifest = folder / MANIFEST_NAME
     if not kq_manifest.is_file():
         raise KqError(f"{folder}: no kq-manifest.json; not a finished kq checkpoint (run kq quantize first)")
     group = int(json.loads(kq_manifest.read_text()).get("options", {}).get("group_size", 0))
@@ -147,9 +141,8 @@ def write_rank_shards(folder: Path, tp: int, ep: int = 1, device: torch.device |
                     tensors.update({f"{ly.name}.w13_q": pp.w13_q.cpu(), f"{ly.name}.w13_s": pp.w13_s.cpu(),
                                     f"{ly.name}.w2_q": pp.w2_q.cpu(), f"{ly.name}.w2_s": pp.w2_s.cpu()})
                 name = rank_file(tp_rank, ep_rank)
-                tmp = out / (name + ".tmp")
-                save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": FORMAT})
-                tmp.replace(out / name)
+                with atomic_path(out / name) as tmp:
+                    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": FORMAT})
                 files[name] = {"sha256": sha256_file(out / name), "size": (out / name).stat().st_size}
         manifest = {
             "format": FORMAT, "tp": tp, "ep": ep, "group": group,

@@ -9,47 +9,13 @@ shard is deleted then; a local file never is).
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from kq.checkpoint.index import INDEX_NAME, Index, load_json, load_local_index
-from kq.checkpoint.safetensors_io import TensorEntry, read_header
+from kq.checkpoint.index import load_json, load_local_index
+from kq.checkpoint.safetensors_io import read_header
+from kq.checkpoint.source_base import NOT_COPIED, Source  # noqa: F401  (kq.checkpoint.source's API)
 from kq.errors import KqError
-
-# Files that are rewritten (config, index) or belong to the source's own repo page.
-NOT_COPIED = {"config.json", INDEX_NAME, "README.md", ".gitattributes", "kq-manifest.json"}
-
-
-@dataclass
-class Source:
-    name: str                                   # what the user typed, for messages
-    config: dict
-    index: Index
-    headers: dict[str, dict[str, TensorEntry]]  # shard -> tensor -> entry
-    extra_files: dict[str, int] = field(default_factory=dict)  # non-weight file -> size
-    repo_id: str | None = None                  # Hub repo id when known
-    revision: str | None = None
-
-    def shard_bytes(self, shard: str) -> int:
-        return max((e.end for e in self.headers[shard].values()), default=0)
-
-    def entry(self, name: str) -> TensorEntry:
-        return self.headers[self.index.weight_map[name]][name]
-
-    # overridden by HubSource
-    def shard_path(self, shard: str) -> Path:
-        raise NotImplementedError
-
-    def release(self, shard: str) -> None:
-        pass
-
-    def copy_extras(self, dest: Path) -> None:
-        raise NotImplementedError
-
-    def local_folder(self) -> Path:
-        """A folder that reads like the local checkpoint, for the stages that read whole layers
-        with the model's own code (GPTQ, `kq eval`)."""
-        raise NotImplementedError
+from kq.format import atomic_path
 
 
 class LocalSource(Source):
@@ -88,9 +54,8 @@ class LocalSource(Source):
 
     def copy_extras(self, dest: Path) -> None:
         for name in self.extra_files:
-            tmp = dest / (name + ".tmp")
-            shutil.copyfile(self.folder / name, tmp)
-            tmp.replace(dest / name)
+            with atomic_path(dest / name) as tmp:
+                shutil.copyfile(self.folder / name, tmp)
 
 
 def open_source(spec: str, *, staging: Path | None = None, stream: bool = False,

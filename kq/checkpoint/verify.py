@@ -15,7 +15,7 @@ from kq.checkpoint.index import INDEX_NAME, Index
 from kq.checkpoint.manifest import IGNORED_DIRS, MANIFEST_NAME, read_manifest, sha256_file
 from kq.checkpoint.safetensors_io import read_header
 from kq.errors import KqError
-from kq.recipes import expert_match
+from kq.format import expert_match
 
 # Written after the manifest by later commands (model card, eval results).
 ALLOWED_UNLISTED = {MANIFEST_NAME, "README.md", "kq-eval.json"}

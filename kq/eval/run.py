@@ -19,7 +19,7 @@ from kq.eval.compare import compare
 from kq.model import LayerwiseModel
 from kq.model.text import read_documents, tokenize, windows
 
-EVAL_NAME = "kq-eval.json"
+from kq.format import EVAL_NAME  # noqa: E402
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 

@@ -76,7 +76,7 @@ def _lanes_for(x: torch.Tensor, pp: PrepackedMoE, pairs: int) -> bool:
 
 # A lane-layout linear runs the CUDA kernel (cuda_lanes.linear) up to this many rows on Hopper, and
 # dequantise + cuBLAS above (triton_ops.LANE_DEQUANT_MIN_M); from 16 rows the tiles layout is faster
-# (H200, 12288x6144: 27.6 against 22.6 us at 16 rows; benchmarks/results/kernels.md, sixth session)
+# (H200, 12288x6144: 27.6 against 22.6 us at 16 rows)
 LANE_LINEAR_MAX_ROWS = 64
 
 

@@ -15,12 +15,12 @@ and output on the fp32 partial sums, not on every weight.
 FOLD drops that subtract too: the dot takes the codes as 128 + nibble = q + 136, and the
 136 * sum(x) they add is taken off once per group from one extra dot of x with a constant
 (shared by gate and up).  At group 128 this is 64 fewer instructions per warp and K block
-(390 -> 330 in the sm_90 SASS of the decode gate+up loop, benchmarks/sass_count.py); at group 32
+(390 -> 330 in the sm_90 SASS of the decode gate+up loop); at group 32
 the per-group correction takes back most of it (538 -> 530), so the host turns it on for group >= 64.
 EVEN_K / EVEN_N (K a multiple of 128, N of BLOCK_N) drop the K and N load masks; the row mask
 stays (without it the padding rows of a decode tile, 14-15 of 16, become real activation reads).
 The host sets them with FOLD only: at group 32 the unmasked loads measured 4-30 % slower on
-the H200 (benchmarks/results/kernels.md, fourth session), at group 128 FOLD + EVEN 0-5 % faster.
+the H200, at group 128 FOLD + EVEN 0-5 % faster.
 """
 import triton
 import triton.language as tl

@@ -4,9 +4,8 @@ which Triton's MoE kernel also reads (LANE in gemm_kernel.py), so a layer holds 
 Why another layout. Each lane of a warp copies the 16 bytes it needs of a 128-input block with one
 16-byte copy (cp.async into its own slot of a per-warp shared-memory ring, read back by the same
 lane only: no barrier) and its dequantising lop3s build the tensor core's A fragment in place.
-The Triton kernel on the tiles layout was bound by executing its dequantisation and its CTA-wide
-barriers (benchmarks/results/kernels.md, fourth session); this layout is what made the CUDA kernel
-possible (fifth session: 1.15-1.5x the Triton kernel at 16-64 tokens).
+The Triton kernel on the tiles layout is bound by executing its dequantisation and its CTA-wide
+barriers; this layout lets the CUDA kernel do without both.
 
 Per matrix W [N, K] (stored nibble c = q + 8, K padded to a multiple of 128 with nibble 8):
     words  [N/8, KB, 8, 4, 4] int32   (n-tile of 8 columns, 128-input block, column c in the tile,
@@ -29,7 +28,10 @@ from __future__ import annotations
 
 import torch
 
-from .layout import PACK_K, _check_group, unpack_checkpoint_nibbles
+from kq.format import check_group as _check_group
+from kq.format import unpack_nibbles as unpack_checkpoint_nibbles
+
+from .blocks import PACK_K
 
 TILE = 8           # columns per n-tile (the n of mma.m16n8k16)
 STEPS = PACK_K // 16
@@ -99,32 +101,3 @@ def dequantize_lane(words: torch.Tensor, scales: torch.Tensor, k: int, group: in
     E, N = codes.shape[:2]
     scale = scales.reshape(E, N, -1)[..., : k // group].to(dtype)                # padded groups dropped
     return codes * scale.repeat_interleave(group, dim=-1)
-
-
-def emulate_mma_gemm(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
-    """What the CUDA kernel computes for one matrix, step by step the way it reads: x [M <= 16, K]
-    -> y [M, N] float64. Lane (g, t) of step s takes its B pairs from word s // 2 at shifts
-    4 (2 (s % 2) + h), h = 0, 1, and its A pairs from x[16 s + 4 t + 2 h + i]; the tests check this
-    bookkeeping (and where a group ends) against a plain matmul of the checkpoint's weights."""
-    M, K = x.shape
-    NT, KB = words.shape[0], words.shape[1]
-    xp = torch.zeros(M, KB * PACK_K, dtype=torch.float64)
-    xp[:, :K] = x.double()
-    w = words.to(torch.int64) & 0xFFFFFFFF                       # [NT, KB, 8, 4, 4]
-    y = torch.zeros(M, NT * TILE, dtype=torch.float64)
-    for kb in range(KB):
-        part = torch.zeros(M, NT, TILE, dtype=torch.float64)
-        for s in range(STEPS):
-            for t in range(4):
-                for h in range(2):
-                    word = w[:, kb, :, t, s // 2]                  # [NT, 8 columns]
-                    for i in range(2):
-                        c = (word >> (4 * (2 * (s % 2) + h) + 16 * i)) & 0xF
-                        xk = xp[:, kb * PACK_K + 16 * s + 4 * t + 2 * h + i]      # [M]
-                        part += xk[:, None, None] * (c.double() + 128.0)        # codes enter as q + 136
-                        part -= xk[:, None, None] * 136.0                        # the offset dot
-            if (16 * (s + 1)) % group == 0:
-                gi = (kb * PACK_K + 16 * s) // group
-                y += (part * scales[:, :, gi].double()).reshape(M, NT * TILE)
-                part.zero_()
-    return y

@@ -24,36 +24,16 @@ from dataclasses import dataclass
 
 import torch
 
-PACK_K = 128            # rows of K per prepacked block (8 nibbles x 16 words)
+from kq.format import GROUP_SIZES  # noqa: F401  (kq.kernels.layout's API)
+from kq.format import NIBBLE_SHIFTS as _SHIFTS
+from kq.format import check_group as _check_group
+from kq.format import pack_nibbles as pack_checkpoint_nibbles  # noqa: F401
+from kq.format import unpack_nibbles as unpack_checkpoint_nibbles
+
+from .blocks import PACK_K, padded_k
+from .lane_layout import lane_pack
+
 _WORDS = PACK_K // 8    # words per column in one 128-input block
-GROUP_SIZES = (32, 64, 128)
-_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)       # bit offset of nibble 0..7
-
-
-def unpack_checkpoint_nibbles(packed: torch.Tensor) -> torch.Tensor:
-    """[..., K/8] int32 -> [..., K] uint8 stored nibbles (0..15, q + 8), column order restored."""
-    nib = (packed.unsqueeze(-1) >> _SHIFTS.to(packed.device)) & 0xF    # [..., K/8, 8]
-    return nib.to(torch.uint8).flatten(-2)
-
-
-def pack_checkpoint_nibbles(nibbles: torch.Tensor) -> torch.Tensor:
-    """Inverse of unpack_checkpoint_nibbles: [..., K] values 0..15 -> [..., K/8] int32."""
-    n = nibbles.to(torch.int32).unflatten(-1, (-1, 8))                 # [..., K/8, 8]
-    out = torch.zeros(n.shape[:-1], dtype=torch.int32, device=n.device)
-    for k in range(8):
-        out |= n[..., k] << (4 * k)          # int32 shift wraps for k = 7: bits are what matter
-    return out
-
-
-def padded_k(k: int) -> int:
-    return -(-k // PACK_K) * PACK_K
-
-
-def _check_group(group: int, k: int, what: str) -> None:
-    if group not in GROUP_SIZES:
-        raise ValueError(f"{what}: group size {group} is not one of {GROUP_SIZES}")
-    if k % group:
-        raise ValueError(f"{what}: input size {k} is not a multiple of the group size {group}")
 
 
 def prepack_matrix(packed: torch.Tensor, scale: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,7 +139,6 @@ def prepack_linear(weight_packed: torch.Tensor, weight_scale: torch.Tensor, grou
                          f"{weight_packed.dtype}")
     N, K8 = weight_packed.shape
     if lane:
-        from .lane_layout import lane_pack      # imported here: lane_layout imports this module
         if not lane_fits(N):
             raise ValueError(f"prepack_linear(lane=True): {N} outputs is not a multiple of 16")
         q, s = lane_pack(weight_packed.unsqueeze(0), weight_scale.unsqueeze(0), group)
@@ -195,8 +174,6 @@ def prepack_moe(w13_packed: torch.Tensor, w13_scale: torch.Tensor, w2_packed: to
 
 def _lane_moe_tensors(w13_packed, w13_scale, w2_packed, w2_scale, group: int, H: int, I: int):
     """prepack_moe's lane-layout branch: the checks lane_pack leaves out, then lane_pack per matrix."""
-    # imported here: lane_layout imports this module
-    from .lane_layout import lane_pack
     if not lane_fits(H, I):
         raise ValueError(f"prepack_moe(lane=True): intermediate size {I} and hidden size {H} must both be "
                          f"multiples of 16 for the lane layout")

@@ -63,11 +63,11 @@ DEQUANT_GEMM_MIN_M = 256
 
 
 def dense_config(m: int, n: int, k: int, sms: int, swap: bool = False) -> TileConfig:
-    """Tiles picked from the H200 sweeps (benchmarks/results/kernels.md). Up to 16 rows BLOCK_M 16 and
+    """Tiles picked from H200 sweeps. Up to 16 rows BLOCK_M 16 and
     up to 32 rows BLOCK_M 32 on mma.sync; above, with `swap` (Hopper, tiles layout), swap_kernel, the
     weights as wgmma's A operand: 64 or 128 activation rows by 128 weight rows (two warpgroups of
     64), split over K until the grid covers the SMs twice up to 64 rows (12288x6144 at M = 64: 32.3
-    against 44.6 us on mma.sync, cuBLAS BF16 40.4; benchmarks/dense_swap_probe.py); else BLOCK_M 32
+    against 44.6 us on mma.sync, cuBLAS BF16 40.4); else BLOCK_M 32
     on mma.sync (BLOCK_M 64 in gemm_kernel takes Triton's wgmma path with the weights through shared
     memory, 5-10x slower)."""
     kblocks = -(-k // PACK_K)
@@ -79,7 +79,7 @@ def dense_config(m: int, n: int, k: int, sms: int, swap: bool = False) -> TileCo
         split = _split_for(programs, kblocks, sms) if m <= 64 else 1
         # a 64 x 128 program takes 82 KB of shared memory at 3 stages (2 per SM) and 58 KB at 2 (3 per
         # SM): 2 stages where that makes the grid one wave (Nsight Compute, 12288x6144 at M = 64: 384
-        # programs were 1.45 waves at 3 stages; benchmarks/results/h200/ncu_swap_s9_call6.txt)
+        # programs were 1.45 waves at 3 stages)
         stages = 2 if 2 * sms < programs * split <= 3 * sms else 3
         return TileConfig(bm, 128, split, num_warps=8, num_stages=stages, swap=True)
     return TileConfig(32, 128, _split_for(triton.cdiv(m, 32) * triton.cdiv(n, 128), kblocks, sms))
@@ -202,7 +202,7 @@ def dequantize(w: PrepackedLinear) -> torch.Tensor:
 
 # A lane-layout linear goes to dequantise + cuBLAS from this many rows: Triton's LANE mode is the
 # slower path on a dense matrix (H200, 12288x6144: 58 / 139 / 533 us at M = 8 / 32 / 128 against
-# 98 / 99 / 97 us dequantised; benchmarks/results/kernels.md, sixth session)
+# 98 / 99 / 97 us dequantised)
 LANE_DEQUANT_MIN_M = 32
 
 

@@ -13,20 +13,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from pathlib import Path
 
 import yaml
 
 from kq.errors import KqError
+from kq.format import EVAL_NAME, MANIFEST_NAME, MARLIN_TILE, TP_DEGREES, split_failures, write_text_atomic
 
 CARD_NAME = "README.md"
-EVAL_NAME = "kq-eval.json"
-MANIFEST_NAME = "kq-manifest.json"
 _MARKER = re.compile(r"\n<!-- kq-card sha256:([0-9a-f]{64}) -->\n?$")
-TP_DEGREES = (1, 2, 4, 8)
-MARLIN_TILE = 64  # SGLang's Marlin MoE needs I/TP to be a multiple of 64 (REFERENCE.md §3)
 
 
 def _load_json(path: Path, what: str) -> dict:
@@ -62,12 +58,11 @@ def _tp_rows(intermediate: int | None, group: int) -> list[str]:
         return ["| – | config.json has no `moe_intermediate_size` | – |"]
     rows = []
     for tp in TP_DEGREES:
-        if intermediate % tp:
+        bad = split_failures(intermediate, tp, group)
+        if bad is None:
             rows.append(f"| {tp} | – | no: {intermediate} does not split {tp} ways |")
             continue
         per = intermediate // tp
-        bad = [f"not a multiple of group {group}"] if per % group else []
-        bad += [f"not a multiple of {MARLIN_TILE} (Marlin)"] if per % MARLIN_TILE else []
         rows.append(f"| {tp} | {per} | {'no: ' + '; '.join(bad) if bad else 'yes'} |")
     return rows
 
@@ -224,7 +219,5 @@ def write_card(out_dir: Path, repo_id: str | None = None, *, revision: str | Non
         return path, False
     if status != "absent" and path.read_text() == text:
         return path, False
-    tmp = path.with_name(f".{CARD_NAME}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_text_atomic(path, text, tmp_name=f".{CARD_NAME}.tmp")
     return path, True

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import glob
 import json
-import os
 import shutil
 import sys
 import warnings
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from kq.errors import KqError
+from kq.format import write_json_atomic
 from kq.publish.card import CARD_NAME, MANIFEST_NAME, card_status, render_card, write_card
 from kq.publish.plan import PublishPlan, check_repo_id, plan_publish
 
@@ -116,9 +116,7 @@ def _read_state(out_dir: Path) -> dict:
 def _write_state(out_dir: Path, state: dict) -> None:
     d = out_dir / ".cache"
     d.mkdir(exist_ok=True)
-    tmp = d / f".{STATE_NAME}.tmp"
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
-    os.replace(tmp, d / STATE_NAME)
+    write_json_atomic(d / STATE_NAME, state, tmp_name=f".{STATE_NAME}.tmp")
 
 
 def _same_manifest_remote(api, repo_id: str, revision: str | None, out_dir: Path) -> bool:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
-import os
 import threading
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -41,6 +40,7 @@ from safetensors.torch import load_file, save_file
 
 from kq.checkpoint.pack import pack_int4
 from kq.errors import KqError
+from kq.format import atomic_path, write_json_atomic
 from kq.model import LayerwiseModel
 from kq.quantize import distributed
 from kq.quantize.gptq import gptq_quantize
@@ -278,20 +278,12 @@ def _packed_tensors(prefix: str, res: dict) -> dict[str, torch.Tensor]:
 
 
 def _atomic_save(tensors: dict, path: Path, metadata: dict | None = None) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata=metadata)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
 
 
 def _atomic_json(data, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_json_atomic(path, data, indent=1, end="")
 
 
 def _save_acts(path: Path, hidden: list, carry: list) -> None:

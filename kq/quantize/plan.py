@@ -13,12 +13,10 @@ from dataclasses import dataclass, field
 from kq.checkpoint.safetensors_io import nbytes_of
 from kq.checkpoint.source import Source
 from kq.errors import KqError
-from kq.recipes import Recipe, expert_match, recipe_for_config
+from kq.format import GROUP_SIZES, MARLIN_TILE, TP_DEGREES, expert_match, split_failures  # noqa: F401  (MARLIN_TILE: also kq.quantize.plan.MARLIN_TILE)
+from kq.recipes import Recipe, recipe_for_config
 
-GROUP_SIZES = (32, 64, 128)
 FP8 = ("F8_E4M3", "F8_E5M2")
-TP_DEGREES = (1, 2, 4, 8)
-MARLIN_TILE = 64  # SGLang's Marlin MoE needs I/TP to be a multiple of 64
 
 
 @dataclass(frozen=True)
@@ -85,22 +83,18 @@ def classify(name: str, dtype: str) -> str:
 def tp_verdicts(intermediate: int, experts: int, group: int, degrees=TP_DEGREES) -> list[TPVerdict]:
     out = []
     for tp in degrees:
-        if intermediate % tp:
+        failed = split_failures(intermediate, tp, group)
+        if failed is None:
             out.append(TPVerdict(tp, False, f"expert intermediate {intermediate} does not split {tp} ways"))
             continue
         per = intermediate // tp
-        bad = []
-        if per % group:
-            bad.append(f"I/TP = {per} is not a multiple of group {group}")
-        if per % MARLIN_TILE:
-            bad.append(f"I/TP = {per} is not a multiple of {MARLIN_TILE} (Marlin)")
+        bad = [f"I/TP = {per} is {why}" for why in failed]
         out.append(TPVerdict(tp, not bad, "; ".join(bad) or f"I/TP = {per}"))
     return out
 
 
 def working_groups(intermediate: int, tp: int) -> list[int]:
-    per = intermediate // tp if intermediate % tp == 0 else 0
-    return [g for g in GROUP_SIZES if per and per % g == 0 and per % MARLIN_TILE == 0]
+    return [g for g in GROUP_SIZES if intermediate and split_failures(intermediate, tp, g) == []]
 
 
 def make_plan(source: Source, *, group_size: int | None = None, tp: int | None = None,

@@ -39,7 +39,7 @@ from kq.quantize import distributed
 from kq.quantize.experts import rtn_parts
 from kq.quantize.plan import FP8, Plan
 
-INDEX_NAME = "model.safetensors.index.json"
+from kq.format import INDEX_NAME  # noqa: E402
 PREFETCH = 4  # expert tensors read ahead of the quantizer (and written behind it)
 READERS = 2   # threads per shard job reading expert tensors (quantized on the job's own thread)
 # GPU with kq's RTN: threads per shard job that each read *and* quantize an expert tensor (on a

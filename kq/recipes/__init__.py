@@ -8,7 +8,6 @@ is kept byte for byte.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -16,10 +15,7 @@ from importlib import resources
 import yaml
 
 from kq.errors import KqError
-
-EXPERT_RE = re.compile(
-    r"^(?P<prefix>(?:language_model\.)?model\.layers\.(?P<layer>\d+)\.mlp\.experts\.(?P<expert>\d+)\."
-    r"(?P<proj>gate|up|down)_proj)\.weight$")
+from kq.format import EXPERT_RE, expert_match  # noqa: F401  (kq.recipes' API)
 
 
 @dataclass(frozen=True)
@@ -71,7 +67,3 @@ def recipe_for_config(config: dict) -> Recipe:
             return r
     known = ", ".join(sorted(t for r in all_recipes().values() for t in r.model_types))
     raise KqError(f"unknown model family: model_type {mt!r}, architectures {archs}; kq knows {known}")
-
-
-def expert_match(name: str):
-    return EXPERT_RE.match(name)

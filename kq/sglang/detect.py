@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kq.checkpoint.ct_config import EXPERT_TARGET
+from kq.format import EXPERT_TARGET
 
 
 def is_kq_quant_config(qc: Any) -> bool:

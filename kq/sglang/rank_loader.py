@@ -8,14 +8,13 @@ the routed-expert tensors of the full checkpoint, so a rank reads only its own e
 from __future__ import annotations
 
 import json
-import re
 from functools import lru_cache
 from pathlib import Path
 
 from kq.checkpoint.manifest import sha256_file
 from kq.checkpoint.rank_shards import read_rank, rank_file, shard_dir
+from kq.format import EXPERT_PART_RE
 
-_EXPERT_TENSOR = re.compile(r"^(?P<layer>.*\.mlp\.experts)\.\d+\.(gate|up|down)_proj\.weight_(packed|scale|shape)$")
 
 
 @lru_cache(maxsize=None)
@@ -87,7 +86,7 @@ def skip_predicate(files):
     layers = set(found[1]["layers"])
 
     def skip(name: str) -> bool:
-        mt = _EXPERT_TENSOR.match(name)
+        mt = EXPERT_PART_RE.match(name)
         return bool(mt) and mt["layer"] in layers
 
     return skip

@@ -45,7 +45,7 @@ def _expert_tensors(folder: str, layer: str):
 
 
 def _build_layer(qc, prefix, n_experts, hidden, inter, tp, ep, tp_rank, ep_rank, rsf, top_k=2, device="cpu"):
-    """SGLang's FusedMoE as TP rank tp_rank of EP rank ep_rank would build it (also gpu_check.py)."""
+    """SGLang's FusedMoE as TP rank tp_rank of EP rank ep_rank would build it (also benchmarks/sglang_check.py)."""
     from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
     from sglang.srt.runtime_context import get_parallel
 

@@ -4,9 +4,7 @@
 // Weights in the lane layout (kq/kernels/lane_layout.py): each lane loads the 16 bytes it needs for a
 // 128-input block with one 16-byte copy into its own slot of a per-warp shared-memory ring, STAGES - 1
 // blocks ahead, and reads back only its own bytes: no barrier in the loop, so the warps of a CTA never
-// wait for each other (the Triton kernel's stalls were warps waiting on one another and on short
-// dependency chains; the first version of this kernel, with registers for its buffers, kept too few
-// bytes in flight: benchmarks/results/kernels.md).
+// wait for each other (a register-buffered loop keeps too few bytes in flight).
 //
 // Per warp: NT pairs of n-tiles of 8 output columns (of gate and of up when GATED), all rows (<= 8
 // pairs) of one routed block, the whole K or a 1/KSPLIT share of it. mma.m16n8k16 bf16 -> fp32; the codes enter as 128 + nibble = q + 136 and
@@ -179,13 +177,6 @@ struct XS {
   uint2 sc[NT][MATS][2];
 };
 
-// KQ_LANES_PROBE, for benchmarks/lanes_ab.py's leave-one-out variants only (the results are then wrong):
-// bit 1 leaves the scale loads out (every scale 1), bit 2 the weight copies (the ring's stale bytes are
-// multiplied instead), so the time without that traffic shows what it costs
-#ifndef KQ_LANES_PROBE
-#define KQ_LANES_PROBE 0
-#endif
-
 template <int NT, int MATS, int GROUP, bool EVEN_K, bool LOAD_X>
 __device__ __forceinline__ void load_xs(XS<NT, MATS>& s, const __nv_bfloat16* const (&sb)[NT][MATS][2],
                                         const __nv_bfloat16* xr, bool vr, int kb, int K4) {
@@ -197,9 +188,7 @@ __device__ __forceinline__ void load_xs(XS<NT, MATS>& s, const __nv_bfloat16* co
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const __nv_bfloat16* sp = sb[i][m][c] + kb * GPB;
-        if (KQ_LANES_PROBE & 1) {
-          s.sc[i][m][c] = make_uint2(0x3F803F80u, 0x3F803F80u);
-        } else if (GPB == 4) {
+        if (GPB == 4) {
           s.sc[i][m][c] = __ldg(reinterpret_cast<const uint2*>(sp));
         } else if (GPB == 2) {
           s.sc[i][m][c] = make_uint2(__ldg(reinterpret_cast<const uint32_t*>(sp)), 0u);
@@ -250,7 +239,6 @@ __device__ __forceinline__ void issue_x(uint32_t xslot, const __nv_bfloat16* xr,
 
 template <int NT, int MATS>
 __device__ __forceinline__ void issue_w(uint32_t slot, const int4* const (&qb)[NT][MATS][2], int kb) {
-  if (KQ_LANES_PROBE & 2) return;
 #pragma unroll
   for (int i = 0; i < NT; ++i)
 #pragma unroll
@@ -465,26 +453,9 @@ constexpr int kq_lanes_warps = 4;
 // warps of a CTA: 4, or KSPLIT where that is more (KSPLIT 8: 8 warps share the columns and split K)
 constexpr int kq_lanes_cta_warps(int ksplit) { return ksplit > kq_lanes_warps ? ksplit : kq_lanes_warps; }
 
-// every (NT, GATED, KSPLIT, STAGES, FOLD, XSM) a group size's file builds; the host picks one (cuda_lanes.py)
-#define KQ_LANES_VARIANTS(G)                                                                                    \
-  KQ_LANES_TRY(1, true, G, 1, 4, true, false) KQ_LANES_TRY(1, true, G, 1, 6, true, false) KQ_LANES_TRY(1, true, G, 4, 4, true, false) \
-  KQ_LANES_TRY(2, true, G, 1, 4, true, false) KQ_LANES_TRY(1, true, G, 1, 4, false, false) KQ_LANES_TRY(1, true, G, 4, 4, false, false) \
-  KQ_LANES_TRY(2, false, G, 1, 4, true, false) KQ_LANES_TRY(2, false, G, 1, 6, true, false) KQ_LANES_TRY(2, false, G, 4, 4, true, false) \
-  KQ_LANES_TRY(2, false, G, 1, 4, false, false) KQ_LANES_TRY(1, false, G, 1, 4, true, false) KQ_LANES_TRY(2, false, G, 4, 4, false, false) \
-  KQ_LANES_TRY(1, true, G, 8, 4, false, false)                                                                     \
-  KQ_LANES_EXTRA_##G
-
-// the instances of some group sizes only: at 128 the XSM instances (gate+up: cuda_lanes.GATE_UP_XSM_VARIANTS),
-// at 32 and 64 the SCALE_A ones
-#define KQ_LANES_EXTRA_128 KQ_LANES_TRY(1, true, 128, 1, 4, true, true) KQ_LANES_TRY(2, true, 128, 1, 4, true, true)
-#define KQ_LANES_EXTRA_64 KQ_LANES_SCALE_A(64)
-#define KQ_LANES_EXTRA_32 KQ_LANES_SCALE_A(32)
-// the SCALE_A instances (FOLD 2: the scales multiplied into the weight operand; cuda_lanes.GATE_UP_SCALE_A_VARIANTS
-// and DOWN_SCALE_A_VARIANTS),
-// groups 32 and 64 only: at 128 one multiply-add per accumulator and block costs less than a multiply per register
-#define KQ_LANES_SCALE_A(G)                                                                                   \
-  KQ_LANES_TRY(1, true, G, 1, 4, 2, false) KQ_LANES_TRY(2, true, G, 1, 4, 2, false)                           \
-  KQ_LANES_TRY(2, false, G, 1, 4, 2, false) KQ_LANES_TRY(1, false, G, 1, 4, 2, false)
+// every instance a group size's file builds, generated from kq/kernels/lanes_variants.py
+#include "moe_lanes_instances.h"
+#define KQ_LANES_VARIANTS(G) KQ_LANES_VARIANTS_##G
 
 // dense instances (one matrix, no routing): grid (row blocks of 8, column groups); XPRE: the rows of a
 // block (min(8, rows)) preloaded into shared memory behind the rings
@@ -502,13 +473,6 @@ constexpr int kq_lanes_cta_warps(int ksplit) { return ksplit > kq_lanes_warps ? 
     k<<<grid, dim3(32 * W_), smem, stream>>>(p);                                             \
     return static_cast<int>(cudaGetLastError());                                                         \
   }
-
-// (NT, KSPLIT, STAGES, XPRE) of the dense instances, FOLD on (cuda_lanes.DENSE_VARIANTS)
-#define KQ_LANES_DENSE_VARIANTS(G)                                                                             \
-  KQ_LANES_DENSE_TRY(1, G, 1, 4, false) KQ_LANES_DENSE_TRY(2, G, 1, 4, false) KQ_LANES_DENSE_TRY(1, G, 2, 4, false) \
-  KQ_LANES_DENSE_TRY(2, G, 2, 4, false) KQ_LANES_DENSE_TRY(1, G, 4, 4, false) KQ_LANES_DENSE_TRY(2, G, 4, 4, false) \
-  KQ_LANES_DENSE_TRY(2, G, 4, 6, false) KQ_LANES_DENSE_TRY(2, G, 4, 8, false) KQ_LANES_DENSE_TRY(2, G, 2, 8, false) \
-  KQ_LANES_DENSE_TRY(1, G, 4, 4, true) KQ_LANES_DENSE_TRY(1, G, 2, 4, true) KQ_LANES_DENSE_TRY(2, G, 4, 4, true)
 
 #define KQ_LANES_ENTRY(G)                                                                                       \
   int kq_moe_lanes_g##G(const kq_lanes::Params& p, int n_blocks, int K, int n_tiles, int gated, int nt,         \

@@ -7,7 +7,7 @@ calls, so every other name here is a placeholder that imports fine and raises wh
 that reaches one fails loudly instead of using a fake.
 
 The one op the Marlin MoE path does call, moe_sum_reduce (sum over top-k times routed_scaling_factor),
-is a torch stand-in; tests/sglang/gpu_check.py reports that it ran.
+is a torch stand-in; benchmarks/sglang_check.py reports that it ran.
 """
 import importlib.abc
 import importlib.machinery

@@ -1,0 +1,1 @@
+"""kq's benchmark suite (`python -m benchmarks --help`); not part of the installed package."""
