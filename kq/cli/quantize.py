@@ -49,6 +49,10 @@ def quantize(
     gptq_refit: bool = typer.Option(False, "--gptq-refit-scales", help="GPTQ: after the codes are chosen, refit each "
                                     "output row's group scales by least squares on the Hessian-weighted error "
                                     "(kept per row only where the error drops). Codes unchanged; a little slower."),
+    activations: str = typer.Option("none", "--activations", help="Expert input activations the config asks "
+                                    "the server for: none (W4A16, decode) or fp8 (W4AFP8: dynamic per-token FP8, "
+                                    "SGLang's CompressedTensorsW4AFP8MoE; group 128 only). Same tensors either way: "
+                                    "`kq config` makes the other variant from a finished folder without copying."),
     stream: bool = typer.Option(False, "--stream", help="Hub sources: delete each downloaded shard once used "
                                                           "(disk need: the output plus about two source shards)."),
     staging: Optional[Path] = typer.Option(None, "--staging", help="Where Hub shards are downloaded (default: OUT/.kq-work/download)."),
@@ -63,7 +67,8 @@ def quantize(
     Examples:\n
       kq quantize demo --out /tmp/demo\n
       kq quantize glm-5.2 --out ./GLM-5.2-INT4 --stream\n
-      kq quantize ./Kimi-K2-Instruct --group-size 32 --tp 8 --out ./k2-int4
+      kq quantize ./Kimi-K2-Instruct --group-size 32 --tp 8 --out ./k2-int4\n
+      kq quantize glm-5.2 --group-size 128 --activations fp8 --out ./GLM-5.2-W4AFP8
     """
     import torch
 
@@ -74,6 +79,9 @@ def quantize(
     require(method in ("rtn", "gptq"), f"--method {method}: use rtn or gptq")
     require(clip in ("mse", "absmax"), f"--clip {clip}: use mse or absmax")
     require(device in ("auto", "cpu", "cuda"), f"--device {device}: use auto, cpu or cuda")
+    from kq.checkpoint.ct_config import FP8_ACTIVATION_GROUP, check_activations
+    # Before the source is opened (it may be a download); again below with the family's default group.
+    check_activations(activations, group_size if group_size is not None else FP8_ACTIVATION_GROUP)
     check_tuning_env()
     if device == "cuda" and not torch.cuda.is_available():
         raise KqError("--device cuda: no CUDA GPU is visible")
@@ -85,9 +93,10 @@ def quantize(
     staging = staging or (out / ".kq-work" / "download")
     source = open_any(src, staging=staging, stream=stream, revision=revision)
     plan = make_plan(source, group_size=group_size, tp=tp, ep=ep)
+    check_activations(activations, plan.group_size)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device)
     require(jobs is None or jobs >= 1, f"--jobs {jobs}: use 1 or more")
-    opts = Options(method=method, group_size=plan.group_size, clip=clip, stream=stream,
+    opts = Options(method=method, group_size=plan.group_size, clip=clip, stream=stream, activations=activations,
                    jobs=jobs or (8 if dev.type == "cuda" else 1))
     codes = None
     if method == "gptq":
