@@ -45,28 +45,35 @@ class KqConfig(CompressedTensorsConfig):
         from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
 
         if isinstance(layer, FusedMoE):
-            weight_quant = self._int4_expert_args(layer, prefix)
-            if weight_quant is not None:
+            args = self._int4_expert_args(layer, prefix)
+            if args is not None:
                 from kq.sglang.moe import KqMoEMethod
 
                 # No `layer.scheme`: SGLang's loader transposes expert weights only for its own
                 # WNA16 scheme classes; kq's method keeps the checkpoint layout.
                 layer.scheme = None
-                return KqMoEMethod(self, weight_quant, prefix)
+                return KqMoEMethod(self, args[0], prefix, activations=args[1])
         return super().get_quant_method(layer, prefix)
 
     def _int4_expert_args(self, layer, prefix):
-        """The routed experts' QuantizationArgs when they are kq's INT4 group, else None."""
+        """(the routed experts' weight QuantizationArgs, "none" | "fp8") when they are kq's INT4
+        group, W4A16 or W4AFP8 (dynamic FP8 input activations), else None (SGLang's own path).
+
+        W4AFP8 experts stay with kq: SGLang 0.5.23's CompressedTensorsW4AFP8MoE reads its INT4
+        parameters from the config group targeting `Linear`, which in a kq checkpoint is the
+        FP8 group (num_bits 8, no group size), and fails building the expert weights."""
+        from kq.checkpoint.ct_config import is_dynamic_fp8
+
         self._add_fused_moe_to_target_scheme_map()
         scheme = self.get_scheme_dict(layer, prefix + ".0.gate_proj")
         if not scheme:
             return None
         wq, aq = scheme.get("weights"), scheme.get("input_activations")
-        if wq is None or aq is not None:
+        if wq is None or (aq is not None and not is_dynamic_fp8(aq)):
             return None
         if (wq.num_bits, str(getattr(wq.type, "value", wq.type))) != (4, "int"):
             return None
         if not wq.symmetric or str(getattr(wq.strategy, "value", wq.strategy)) != "group" or wq.actorder:
             raise ValueError(f"kq: {prefix}: INT4 experts must be symmetric group-wise without actorder "
                              f"(got {wq}); serve this checkpoint with --quantization compressed-tensors")
-        return wq
+        return wq, ("fp8" if aq is not None else "none")

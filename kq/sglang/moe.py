@@ -14,6 +14,8 @@ not one of them, which is what keeps the checkpoint layout.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase
 from sglang.srt.utils import set_weight_attrs
@@ -23,11 +25,26 @@ from kq.kernels.layout import lane_from_tiles
 from kq.sglang import rank_loader
 
 
+log = logging.getLogger(__name__)
+_warned_fp8 = False
+
+
 class KqMoEMethod(FusedMoEMethodBase):
-    def __init__(self, quant_config, weight_quant, prefix: str):
+    # What the experts compute, whatever the checkpoint asks for: kq's W4A16 kernels (BF16
+    # activations). A W4AFP8 checkpoint (activations "fp8") is served with the same math until
+    # kq has a W4A8 kernel; it is logged once at load so no server claims FP8 activations.
+    compute = "w4a16"
+
+    def __init__(self, quant_config, weight_quant, prefix: str, activations: str = "none"):
+        global _warned_fp8
         self.quant_config = quant_config
         self.group = int(weight_quant.group_size)
         self.prefix = prefix
+        self.activations = activations  # what the checkpoint's INT4 group asks for
+        if activations == "fp8" and self.compute == "w4a16" and not _warned_fp8:
+            _warned_fp8 = True
+            log.warning("kq: this checkpoint's experts ask for dynamic FP8 activations (W4AFP8); kq serves "
+                        "them with its W4A16 kernels (BF16 activations, same weights): prefill is W4A16 math")
         self.runner = None
         self.moe_runner_config = None
 
