@@ -211,5 +211,7 @@ def test_publish_of_a_linked_folder_uploads_the_real_bytes(pair, tmp_path, link)
             assert not (remote / name).is_symlink()
         assert json.loads((remote / "config.json").read_text())["quantization_config"]["config_groups"][
             "int4_experts"]["input_activations"]["type"] == "float"
+        card = (remote / "README.md").read_text()
+        assert "(W4AFP8)" in card and "- w4afp8" in card and "w4a16" not in card.lower().split("---")[1]
     # Publishing wrote the card and the upload state into OUT2 only.
     assert not (src / "README.md").exists() and not (src / ".cache").exists()
