@@ -98,6 +98,13 @@ def _check_config_and_scales(folder: Path, config: dict, index: Index, headers) 
         return ["config.json: expected exactly one INT4 config group"]
     g = int4[0]
     group = g["weights"].get("group_size")
+    from kq.checkpoint.ct_config import FP8_ACTIVATION_GROUP, experts_fp8_activations
+    try:
+        if experts_fp8_activations(qc) and group != FP8_ACTIVATION_GROUP:
+            problems.append(f"config.json: the INT4 group asks for FP8 activations at group {group}; "
+                            f"SGLang's W4AFP8 MoE needs group {FP8_ACTIVATION_GROUP}")
+    except KqError as e:
+        problems.append(f"config.json: {e}")
     targets = g.get("targets", [])
     ignore = qc.get("ignore", [])
     linear_group = any("Linear" in gg.get("targets", []) for gg in groups.values())

@@ -22,6 +22,10 @@ def eval_cmd(
     batch: int = typer.Option(8, "--batch", help="Windows per forward call (memory vs speed)."),
     dtype: str = typer.Option("float32", "--dtype", help="float32 (exact reference) or bfloat16 (half the memory)."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    activations: str = typer.Option("auto", "--activations", help="fp8: also run the routed experts with FP8 "
+                                    "(e4m3) input activations, per-token and per-tensor dynamic scales, as a W4A8 "
+                                    "kernel computes them, beside the W4A16 figures. none: W4A16 only. auto "
+                                    "(default): fp8 when the checkpoint's config asks for FP8 activations."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> None:
     """KL(source||quantized) per token, top-1 agreement and perplexity of both, layer by layer.
@@ -31,7 +35,8 @@ def eval_cmd(
 
     Example:\n
       kq eval ./GLM-5.2-INT4 --against ./GLM-5.2-FP8 --text eval.txt.gz\n
-      kq eval ./GLM-5.2-INT4 --against glm-5.2 --text eval.txt.gz   # the Hub source, downloaded once
+      kq eval ./GLM-5.2-INT4 --against glm-5.2 --text eval.txt.gz   # the Hub source, downloaded once\n
+      kq eval ./GLM-5.2-INT4 --against ./GLM-5.2-FP8 --text eval.txt.gz --activations fp8   # W4AFP8 cost
     """
     from kq.eval.run import evaluate
 
@@ -45,12 +50,20 @@ def eval_cmd(
         raise KqError(f"--device {device}: use cpu or cuda")
     from kq.cli.common import checkpoint_folder
     from kq.eval.run import check_inputs
-    check_inputs(out, dtype)  # before --against, which may be a download
+    if activations == "auto":
+        import json as _json
+        from kq.checkpoint.ct_config import experts_fp8_activations
+        try:
+            qc = _json.loads((out / "config.json").read_text()).get("quantization_config")
+        except (OSError, ValueError):
+            qc = None  # check_inputs says what is wrong with the folder
+        activations = "fp8" if experts_fp8_activations(qc) else "none"
+    check_inputs(out, dtype, activations)  # before --against, which may be a download
     label = against
     against = checkpoint_folder(against, revision=revision)
     if as_json:
         rec = evaluate(out, against, text, seqs=seqs, seqlen=seqlen, batch=batch, dtype=dtype, device=device,
-                       source_name=label)
+                       source_name=label, activations=activations)
         typer.echo(json.dumps(rec, indent=2))
         return
     from rich.console import Console
@@ -58,10 +71,20 @@ def eval_cmd(
     err = Console(stderr=True)
     with err.status("layer 0") as status:
         rec = evaluate(out, against, text, seqs=seqs, seqlen=seqlen, batch=batch, dtype=dtype, device=device,
-                       source_name=label, on_layer=lambda i, n: status.update(f"layer {i}/{n} of both models"))
+                       source_name=label, activations=activations,
+                       on_layer=lambda i, n: status.update(f"layer {i}/{n} of both models"))
     t = Table(title=f"{out} vs {label}: {rec['seqs']} x {rec['seqlen']} tokens of {text.name}")
-    for col in ("KL (nats/token)", "top-1 agreement", "ppl source", "ppl quantized", "seconds"):
+    acts = rec.get("activations")
+    cols = (["expert activations"] if acts else []) + ["KL (nats/token)", "top-1 agreement", "ppl source",
+                                                       "ppl quantized"] + (["KL / W4A16"] if acts else []) + ["seconds"]
+    for col in cols:
         t.add_column(col, justify="right")
-    t.add_row(f"{rec['kl']:.4f}", f"{rec['top1'] * 100:.1f}%", f"{rec['ppl_source']:.2f}",
-              f"{rec['ppl_quantized']:.2f}", f"{rec['seconds']:.0f}")
+    rows = [("W4A16 (exact)", rec, None)]
+    if acts:
+        rows += [(f"FP8 per-{acts[k]['scale']}", acts[k], acts[k]["kl_vs_w4a16"]) for k in ("fp8_token", "fp8_tensor")]
+    for label_, r, ratio in rows:
+        cells = [f"{r['kl']:.4f}", f"{r['top1'] * 100:.1f}%", f"{r['ppl_source']:.2f}", f"{r['ppl_quantized']:.2f}"]
+        if acts:
+            cells = [label_] + cells + ["" if ratio is None else f"{ratio:.3f}x"]
+        t.add_row(*cells, f"{rec['seconds']:.0f}")
     Console().print(t)

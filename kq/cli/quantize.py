@@ -52,6 +52,10 @@ def quantize(
     gptq_expert_chunk: int = typer.Option(16, "--gptq-expert-chunk", help="GPTQ: experts solved together in one "
                                           "batched solve (memory: chunk x hidden^2 x 4 bytes of Hessians); under "
                                           "torchrun, the unit split across ranks (256 experts / 16 = 16 chunks)."),
+    activations: str = typer.Option("none", "--activations", help="Expert input activations the config asks "
+                                    "the server for: none (W4A16, decode) or fp8 (W4AFP8: dynamic per-token FP8, "
+                                    "SGLang's CompressedTensorsW4AFP8MoE; group 128 only). Same tensors either way: "
+                                    "`kq config` makes the other variant from a finished folder without copying."),
     stream: bool = typer.Option(False, "--stream", help="Hub sources: delete each downloaded shard once used "
                                                           "(disk need: the output plus about two source shards)."),
     staging: Optional[Path] = typer.Option(None, "--staging", help="Where Hub shards are downloaded (default: OUT/.kq-work/download)."),
@@ -68,6 +72,7 @@ def quantize(
       kq quantize glm-5.2 --out ./GLM-5.2-INT4 --stream\n
       kq quantize ./Kimi-K2-Instruct --group-size 32 --tp 8 --out ./k2-int4\n
       torchrun --nproc-per-node 8 -m kq quantize ./GLM-5.2-FP8 --method gptq --calib data.jsonl --out ./g52-gptq
+      kq quantize glm-5.2 --group-size 128 --activations fp8 --out ./GLM-5.2-W4AFP8
     """
     import torch
 
@@ -82,7 +87,8 @@ def quantize(
     world, dev = distributed.setup(dev0)
     source, plan, opts, codes, done = distributed.agree(lambda: _prepare(
         src, to, out, group_size, method, clip, tp, ep, calib, calib_samples, calib_seqlen, calib_policy, gptq_damp,
-        gptq_clip, gptq_asym, gptq_refit, gptq_expert_chunk, stream, staging, revision, device, jobs, dev, world))
+        gptq_clip, gptq_asym, gptq_refit, gptq_expert_chunk, activations, stream, staging, revision, device, jobs, dev,
+        world))
     out = out or default_out(src)
     quiet = as_json or not world.lead
     if done:
@@ -118,8 +124,8 @@ def quantize(
 
 
 def _prepare(src, to, out, group_size, method, clip, tp, ep, calib, calib_samples, calib_seqlen, calib_policy,
-             gptq_damp, gptq_clip, gptq_asym, gptq_refit, gptq_expert_chunk, stream, staging, revision, device, jobs,
-             dev, world):
+             gptq_damp, gptq_clip, gptq_asym, gptq_refit, gptq_expert_chunk, activations, stream, staging, revision,
+             device, jobs, dev, world):
     """Every check before the long part (the same on every rank) -> (source, plan, opts, codes, done)."""
     from kq.quantize.plan import make_plan
     from kq.quantize.run import Options, check_tuning_env, preflight
@@ -128,6 +134,9 @@ def _prepare(src, to, out, group_size, method, clip, tp, ep, calib, calib_sample
     require(method in ("rtn", "gptq"), f"--method {method}: use rtn or gptq")
     require(clip in ("mse", "absmax"), f"--clip {clip}: use mse or absmax")
     require(device in ("auto", "cpu", "cuda"), f"--device {device}: use auto, cpu or cuda")
+    from kq.checkpoint.ct_config import FP8_ACTIVATION_GROUP, check_activations
+    # Before the source is opened (it may be a download); again below with the family's default group.
+    check_activations(activations, group_size if group_size is not None else FP8_ACTIVATION_GROUP)
     check_tuning_env()
     require(not (stream and world.on), "--stream under torchrun: ranks would delete shards others still read; "
             "download the source first (run without --stream)")
@@ -140,8 +149,9 @@ def _prepare(src, to, out, group_size, method, clip, tp, ep, calib, calib_sample
     staging = staging or (out / ".kq-work" / "download")
     source = open_any(src, staging=staging, stream=stream, revision=revision)
     plan = make_plan(source, group_size=group_size, tp=tp, ep=ep)
+    check_activations(activations, plan.group_size)
     require(jobs is None or jobs >= 1, f"--jobs {jobs}: use 1 or more")
-    opts = Options(method=method, group_size=plan.group_size, clip=clip, stream=stream,
+    opts = Options(method=method, group_size=plan.group_size, clip=clip, stream=stream, activations=activations,
                    jobs=jobs or (8 if dev.type == "cuda" else 1))
     codes = None
     if method == "gptq":

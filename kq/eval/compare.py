@@ -56,20 +56,35 @@ def compare(source: LayerwiseModel, quantized: LayerwiseModel, ids: torch.Tensor
             batch: int = 8, on_layer: Callable[[int, int], None] | None = None) -> EvalResult:
     """ids, targets [N, S] int64 (targets: each token's successor) -> KL / top-1 /
     perplexities of `quantized` against `source`."""
-    _check_same_model(quantized, source)
+    return compare_many(source, {"q": quantized}, ids, targets, batch=batch, on_layer=on_layer)["q"]
+
+
+@torch.no_grad()
+def compare_many(source: LayerwiseModel, quantized: dict[str, LayerwiseModel], ids: torch.Tensor,
+                 targets: torch.Tensor, *, batch: int = 8,
+                 on_layer: Callable[[int, int], None] | None = None) -> dict[str, EvalResult]:
+    """compare() for several quantized models at once (e.g. one checkpoint with exact and with
+    FP8 activations): the source runs once. Memory: one more set of hidden states per model."""
+    for q in quantized.values():
+        _check_same_model(q, source)
     t0 = time.time()
     chunks = list(ids.split(batch))
     hs = [source.embed(c) for c in chunks]
-    hq = [quantized.embed(c) for c in chunks]
     cs: list = [None] * len(chunks)
-    cq: list = [None] * len(chunks)
+    hq = {k: [q.embed(c) for c in chunks] for k, q in quantized.items()}
+    cq = {k: [None] * len(chunks) for k in quantized}
     n = source.num_layers
     for i in range(n):
         _run_layers(source, i, hs, cs)
-        _run_layers(quantized, i, hq, cq)
+        for k, q in quantized.items():
+            _run_layers(q, i, hq[k], cq[k])
         if on_layer:
             on_layer(i + 1, n)
-    tot = Totals()
-    for t, a, b in zip(targets.split(batch), hs, hq):
-        tot.add(source.logits(a), quantized.logits(b), t)
-    return EvalResult(tot.summary(), tot.as_dict(), ids.shape[0], ids.shape[1], time.time() - t0, n)
+    tots = {k: Totals() for k in quantized}
+    for j, (t, a) in enumerate(zip(targets.split(batch), hs)):
+        la = source.logits(a)
+        for k, q in quantized.items():
+            tots[k].add(la, q.logits(hq[k][j]), t)
+    seconds = time.time() - t0
+    return {k: EvalResult(tot.summary(), tot.as_dict(), ids.shape[0], ids.shape[1], seconds, n)
+            for k, tot in tots.items()}

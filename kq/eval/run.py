@@ -15,12 +15,15 @@ from kq import __version__
 from kq.checkpoint.manifest import write_json_atomic
 from kq.checkpoint.reader import CheckpointReader
 from kq.errors import KqError
-from kq.eval.compare import compare
+from kq.eval.compare import compare_many
 from kq.model import LayerwiseModel
 from kq.model.text import read_documents, tokenize, windows
 
 from kq.format import EVAL_NAME  # noqa: E402
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+ACTIVATIONS = ("none", "fp8")
+# The FP8-activation variants `--activations fp8` adds beside W4A16 (kq.eval.fp8_act).
+FP8_VARIANTS = {"fp8_token": "token", "fp8_tensor": "tensor"}
 
 
 def eval_ids(folder: Path, text: Path, seqs: int, seqlen: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -29,25 +32,37 @@ def eval_ids(folder: Path, text: Path, seqs: int, seqlen: int) -> tuple[torch.Te
     return windows(tokenize(folder, read_documents(text)), seqs, seqlen, what=str(text))
 
 
-def check_inputs(out: Path, dtype: str) -> CheckpointReader:
+def check_inputs(out: Path, dtype: str, activations: str = "none") -> CheckpointReader:
     """What can be refused before the source is opened (a Hub source is downloaded first); returns
     the quantized checkpoint's reader."""
     if dtype not in DTYPES:
         raise KqError(f"--dtype {dtype}: use float32 or bfloat16")
-    return CheckpointReader(out)  # a folder with config.json and its shards' index, or one clear line
+    if activations not in ACTIVATIONS:
+        raise KqError(f"--activations {activations}: use none or fp8")
+    reader = CheckpointReader(out)  # a folder with config.json and its shards' index, or one clear line
+    if activations == "fp8" and not any(n.endswith("mlp.experts.0.gate_proj.weight_packed") for n in reader.names()):
+        raise KqError(f"--activations fp8: {out} has no INT4 (packed) routed experts to run with FP8 activations")
+    return reader
 
 
 def evaluate(out: Path, against: Path, text: Path, *, seqs: int = 48, seqlen: int = 256, batch: int = 8,
              dtype: str = "float32", device: str = "cpu", write: bool = True, source_name: str | None = None,
-             on_layer: Callable[[int, int], None] | None = None) -> dict:
+             on_layer: Callable[[int, int], None] | None = None, activations: str = "none") -> dict:
+    """activations "fp8": also the routed experts with FP8 input activations (per-token and
+    per-tensor scales, kq.eval.fp8_act), under record["activations"], beside the W4A16 figures."""
     out, against = Path(out), Path(against)
-    out_reader = check_inputs(out, dtype)
+    out_reader = check_inputs(out, dtype, activations)
     if out.resolve() == against.resolve():
         raise KqError("--against names the same folder as the checkpoint to evaluate")
     src = LayerwiseModel(CheckpointReader(against), dtype=DTYPES[dtype], device=device)
-    q = LayerwiseModel(out_reader, dtype=DTYPES[dtype], device=device)
+    models = {"none": LayerwiseModel(out_reader, dtype=DTYPES[dtype], device=device)}
+    if activations == "fp8":
+        from kq.eval.fp8_act import fp8_act_hook
+        for key, mode in FP8_VARIANTS.items():
+            models[key] = LayerwiseModel(out_reader, dtype=DTYPES[dtype], device=device, on_load=fp8_act_hook(mode))
     ids, targets = eval_ids(against, text, seqs, seqlen)
-    res = compare(src, q, ids, targets, batch=batch, on_layer=on_layer)
+    results = compare_many(src, models, ids, targets, batch=batch, on_layer=on_layer)
+    res = results["none"]
     record = {
         "kq_version": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -56,6 +71,16 @@ def evaluate(out: Path, against: Path, text: Path, *, seqs: int = 48, seqlen: in
                   "over all seqs x seqlen positions",
         **res.as_dict(),
     }
+    if activations == "fp8":
+        record["activations"] = {
+            "none": "W4A16: the top-level figures (activations in --dtype)",
+            **{k: {**results[k].summary, "scale": FP8_VARIANTS[k], "kl_vs_w4a16": results[k].summary["kl"] / res.summary["kl"]
+                   if res.summary["kl"] > 0 else None}
+               for k in FP8_VARIANTS},
+            "emulation": "routed experts' inputs quantized to e4m3 with scale amax/448 (per token, or one amax "
+                         f"per tensor per forward call of {batch} windows), exact INT4 codes, group scales on "
+                         "fp32 partial sums per K group",
+        }
     if write:
         write_json_atomic(out / EVAL_NAME, record)
     return record

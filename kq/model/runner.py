@@ -11,6 +11,7 @@ The MTP layer (index num_hidden_layers) is not part of the causal-LM forward pas
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -31,13 +32,15 @@ class LayerInput:
 
 class LayerwiseModel:
     def __init__(self, reader: Reader, *, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu", override: ExpertOverride | None = None):
+                 device: torch.device | str = "cpu", override: ExpertOverride | None = None,
+                 on_load: Callable[["LayerwiseModel", torch.nn.Module, int], None] | None = None):
         self.reader = reader
         self.arch = arch_for(reader.config)
         self.config = build_config(reader.config)
         self.dtype = dtype
         self.device = torch.device(device)
         self.override = override
+        self.on_load = on_load  # called with each loaded layer (kq eval's FP8-activation experts)
         self._Layer, rotary_cls, self._Norm, pretrained = classes(self.arch)
         # K2.5-style multimodal checkpoints keep the text model under `language_model.`.
         self.prefix = "language_model." if ("model.embed_tokens.weight" not in reader
@@ -76,6 +79,8 @@ class LayerwiseModel:
         left = [n for n, t in list(layer.named_parameters()) + list(layer.named_buffers()) if t.is_meta]
         if left:
             raise KqError(f"layer {i}: no checkpoint tensor for {left[:3]}")
+        if self.on_load is not None:
+            self.on_load(self, layer, i)
         return layer.eval()
 
     def layer_input(self, batch: int, seqlen: int) -> LayerInput:

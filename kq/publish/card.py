@@ -131,15 +131,17 @@ def render_card(out_dir: Path, repo_id: str | None = None, revision: str | None 
         meta["base_model_relation"] = "quantized"
     meta["library_name"] = "transformers"
     meta["pipeline_tag"] = "text-generation"
+    fp8_act = opts.get("activations") == "fp8"
     meta["tags"] = [t for t in dict.fromkeys(
-        ["compressed-tensors", "int4", "w4a16", family, model_type, "sglang", "kq"]) if t]
+        ["compressed-tensors", "int4", "w4afp8" if fp8_act else "w4a16", family, model_type, "sglang", "kq"]) if t]
 
     calib = opts.get("calibration") or opts.get("calib")
     mtp = opts.get("mtp_experts")
     lines = [
         "---", yaml.safe_dump(meta, sort_keys=False).rstrip(), "---", "",
         f"# {name}", "",
-        f"INT4 weight-only (W4A16) quantization of the routed experts of "
+        ("INT4 weights with dynamic FP8 input activations (W4AFP8) for the routed experts of " if fp8_act
+         else "INT4 weight-only (W4A16) quantization of the routed experts of ")
         + (f"[{base}](https://huggingface.co/{base})" if base else f"`{src.get('name', 'a local checkpoint')}`")
         + f"; every other tensor is kept exactly as in the source. Made with kq {m.get('kq_version', '?')}"
         + (f" on {m['created']}" if m.get("created") else "") + ".", "",
@@ -159,6 +161,8 @@ def render_card(out_dir: Path, repo_id: str | None = None, revision: str | None 
         "## Method", "",
         f"- method: {method}" + (f" (clipping: {opts['clip']})" if opts.get("clip") else ""),
         f"- symmetric INT4, group size {group}, BF16 scales",
+        *(["- expert input activations: dynamic FP8 (e4m3), per token, in config.json only: the tensors are "
+           "those of the W4A16 checkpoint"] if fp8_act else []),
         f"- calibration data: {_calib_text(calib) if calib else 'none (' + method.upper() + ' uses the weights only)'}",
         "",
         "## Size", "",

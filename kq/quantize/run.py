@@ -81,6 +81,7 @@ class Options:
     group_size: int = 128
     clip: str = "mse"            # mse | absmax (RTN)
     stream: bool = False
+    activations: str = "none"    # none (W4A16) | fp8 (W4AFP8): config.json only, same tensors
     jobs: int = 1                # output shards written at once (not part of the result)
     # Host tuning, from the environment by default (benchmarks/rtn.py A/Bs them; not part of the result)
     gpu_workers: int = field(default_factory=lambda: _env_number("KQ_GPU_WORKERS", GPU_WORKERS))
@@ -93,6 +94,8 @@ class Options:
                "source_index": hashlib.sha256(json.dumps(source.index.weight_map, sort_keys=True).encode()).hexdigest(),
                "source_config": hashlib.sha256(json.dumps(source.config, sort_keys=True).encode()).hexdigest(),
                "kq_format": 1}
+        if self.activations != "none":  # absent for W4A16, so earlier runs still resume
+            key["activations"] = self.activations
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -378,8 +381,9 @@ def _write_shard(source: Source, sp, final: Path, paths: dict, expert_codes: Exp
         wpool.shutdown(wait=True)
 
 
-def output_config(source: Source, plan: Plan) -> dict:
-    """The output's config.json: the source's, with kq's compressed-tensors quantization_config."""
+def output_config(source: Source, plan: Plan, activations: str = "none") -> dict:
+    """The output's config.json: the source's, with kq's compressed-tensors quantization_config
+    (activations: the INT4 group's input activations, none or fp8)."""
     from kq.checkpoint.ct_config import build_quantization_config  # imports transformers: only when needed
     config = dict(source.config)
     kept = {t.name: t for sp in plan.shards for t in sp.tensors if t.action == "copy"}
@@ -388,7 +392,7 @@ def output_config(source: Source, plan: Plan) -> dict:
                           and not n.endswith("embed_tokens.weight"))
     config["quantization_config"] = build_quantization_config(
         source.config, group_size=plan.group_size, source_format=plan.recipe.source_format,
-        bf16_linears=bf16_linears, has_fp8=any(t.dtype in FP8 for t in kept.values()))
+        bf16_linears=bf16_linears, has_fp8=any(t.dtype in FP8 for t in kept.values()), activations=activations)
     return config
 
 
@@ -396,7 +400,7 @@ def finish(source: Source, plan: Plan, out: Path, opts: Options, fp: str, state:
     """Index, config, copied files, then the manifest (last: it marks the folder finished)."""
     weight_map = {t.name: sp.name for sp in plan.shards for t in sp.tensors}
     write_json_atomic(out / INDEX_NAME, {"metadata": {"total_size": plan.output_bytes}, "weight_map": weight_map})
-    write_json_atomic(out / "config.json", output_config(source, plan))
+    write_json_atomic(out / "config.json", output_config(source, plan, opts.activations))
     source.copy_extras(out)
     files = {name: {"sha256": rec["sha256"], "size": rec["size"]} for name, rec in state["shards"].items()}
     from kq.checkpoint.manifest import sha256_file
@@ -408,7 +412,7 @@ def finish(source: Source, plan: Plan, out: Path, opts: Options, fp: str, state:
         "source": {"name": source.name, "repo_id": source.repo_id, "revision": source.revision,
                    "family": plan.recipe.family, "model_type": source.config.get("model_type")},
         "options": {"method": opts.method, "group_size": plan.group_size, "clip": opts.clip if opts.method == "rtn" else None,
-                    "mtp_experts": plan.recipe.mtp_experts},
+                    "mtp_experts": plan.recipe.mtp_experts, "activations": opts.activations},
         "sizes": {"source_bytes": plan.source_bytes, "output_bytes": plan.output_bytes,
                   "per_gpu_bytes_tp8": plan.per_gpu_bytes(8)},
         "classes": plan.classes,

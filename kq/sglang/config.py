@@ -20,16 +20,6 @@ from kq.sglang.detect import is_kq_quant_config
 NAME = "kq"
 
 
-def int4_group_has_dynamic_fp8_activations(input_activations) -> bool:
-    """Whether the INT4 experts' `input_activations` (compressed-tensors QuantizationArgs, or None) say
-    dynamic 8-bit float activations: the checkpoint asks for W4AFP8 experts (SGLang's own reading picks
-    CompressedTensorsW4AFP8MoE for it). kq then runs its W4A8 kernel at prefill sizes."""
-    a = input_activations
-    if a is None:
-        return False
-    kind = str(getattr(a.type, "value", a.type))
-    return a.num_bits == 8 and kind == "float" and bool(a.dynamic)
-
 
 class KqConfig(CompressedTensorsConfig):
     # from_config is inherited: CompressedTensorsConfig.from_config builds `cls(...)`.
@@ -63,24 +53,29 @@ class KqConfig(CompressedTensorsConfig):
                 # No `layer.scheme`: SGLang's loader transposes expert weights only for its own
                 # WNA16 scheme classes; kq's method keeps the checkpoint layout.
                 layer.scheme = None
-                weight_quant, fp8_activations = args
-                return KqMoEMethod(self, weight_quant, prefix, fp8_activations=fp8_activations)
+                return KqMoEMethod(self, args[0], prefix, activations=args[1])
         return super().get_quant_method(layer, prefix)
 
     def _int4_expert_args(self, layer, prefix):
-        """(weights QuantizationArgs, dynamic FP8 activations?) when the routed experts are kq's INT4 group
-        (weight-only, or with dynamic FP8 input activations), else None."""
+        """(the routed experts' weight QuantizationArgs, "none" | "fp8") when they are kq's INT4
+        group, W4A16 or W4AFP8 (dynamic FP8 input activations), else None (SGLang's own path).
+
+        W4AFP8 experts stay with kq (its W4A8 kernel at prefill sizes, kq.sglang.moe): SGLang 0.5.23's
+        CompressedTensorsW4AFP8MoE reads its INT4 parameters from the config group targeting `Linear`,
+        which in a kq checkpoint is the FP8 group (num_bits 8, no group size), and fails building the
+        expert weights."""
+        from kq.checkpoint.ct_config import is_dynamic_fp8
+
         self._add_fused_moe_to_target_scheme_map()
         scheme = self.get_scheme_dict(layer, prefix + ".0.gate_proj")
         if not scheme:
             return None
         wq, aq = scheme.get("weights"), scheme.get("input_activations")
-        fp8_activations = int4_group_has_dynamic_fp8_activations(aq)
-        if wq is None or (aq is not None and not fp8_activations):
+        if wq is None or (aq is not None and not is_dynamic_fp8(aq)):
             return None
         if (wq.num_bits, str(getattr(wq.type, "value", wq.type))) != (4, "int"):
             return None
         if not wq.symmetric or str(getattr(wq.strategy, "value", wq.strategy)) != "group" or wq.actorder:
             raise ValueError(f"kq: {prefix}: INT4 experts must be symmetric group-wise without actorder "
                              f"(got {wq}); serve this checkpoint with --quantization compressed-tensors")
-        return wq, fp8_activations
+        return wq, ("fp8" if aq is not None else "none")

@@ -19,6 +19,7 @@ not one of them, which is what keeps the checkpoint layout.
 """
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -28,6 +29,9 @@ from sglang.srt.utils import set_weight_attrs
 from kq.kernels import fused_moe_w4a16, moe_lane_layout, prepack_moe, w4a8
 from kq.kernels.layout import lane_from_tiles
 from kq.sglang import rank_loader
+
+
+log = logging.getLogger(__name__)
 
 
 def w4a8_min_tokens() -> int:
@@ -41,12 +45,23 @@ def w4a8_min_tokens() -> int:
 W4A8_MIN_TOKENS = 1024
 
 
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    key = message.split(": ", 2)[-1]  # the same condition on every layer: one line per process
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(message)
+
+
 class KqMoEMethod(FusedMoEMethodBase):
-    def __init__(self, quant_config, weight_quant, prefix: str, fp8_activations: bool = False):
+    def __init__(self, quant_config, weight_quant, prefix: str, activations: str = "none"):
         self.quant_config = quant_config
         self.group = int(weight_quant.group_size)
         self.prefix = prefix
-        self.fp8_activations = fp8_activations
+        self.activations = activations  # what the checkpoint's INT4 group asks for: "none" | "fp8"
+        self.fp8_activations = activations == "fp8"
         self.runner = None
         self.moe_runner_config = None
 
@@ -95,6 +110,10 @@ class KqMoEMethod(FusedMoEMethodBase):
         # The W4A8 kernel's view of the group scales (1/32 of the INT4 weights' bytes), where it can run.
         layer.kq_w4a8_scales = (w4a8.block_scales(pp) if self.fp8_activations and w4a8.serves(pp, pp.w13_q.device)
                                 else None)
+        if self.fp8_activations and layer.kq_w4a8_scales is None:
+            _warn_once(f"kq: {self.prefix}: the checkpoint asks for FP8 expert activations but kq's W4A8 kernel "
+                       "does not serve this layer here (it needs Hopper, the lane layout and group 128): its "
+                       "experts compute W4A16 (BF16 activations, same weights) at every size")
         # The checkpoint-layout copies are no longer needed: free them, keep the names.
         for name in ("w13_weight_packed", "w2_weight_packed", "w13_weight_scale", "w2_weight_scale"):
             getattr(layer, name).data = torch.empty(0, dtype=getattr(layer, name).dtype,
@@ -125,6 +144,12 @@ class KqMoEMethod(FusedMoEMethodBase):
             out = fused_moe_w4a16(x, layer.kq_moe, topk_weights.float(), topk_ids.to(torch.int32),
                                   routed_scaling_factor=rsf)
         return StandardCombineInput(hidden_states=out)
+
+    @property
+    def compute(self) -> str:
+        """What the experts compute: W4A16 for a weight-only checkpoint; for an FP8-activation one, W4A8
+        from w4a8_min_tokens() tokens a step where the kernel serves the layer (uses_w4a8), W4A16 below."""
+        return f"w4a8 from {w4a8_min_tokens()} tokens, w4a16 below" if self.fp8_activations else "w4a16"
 
     def uses_w4a8(self, layer, num_tokens: int) -> bool:
         """FP8-activation checkpoint, a layer the W4A8 kernel serves (scales made at load), a prefill-sized

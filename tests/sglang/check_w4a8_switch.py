@@ -45,14 +45,15 @@ def main() -> int:
     from kq.kernels import fused_moe_w4a16, w4a8
     from compressed_tensors.quantization import QuantizationArgs
 
-    from kq.sglang.config import KqConfig, int4_group_has_dynamic_fp8_activations
+    from kq.checkpoint.ct_config import is_dynamic_fp8
+    from kq.sglang.config import KqConfig
 
     qa = {"fp8_dynamic_token": dict(num_bits=8, type="float", strategy="token", dynamic=True),
           "fp8_dynamic_group": dict(num_bits=8, type="float", strategy="group", group_size=128, dynamic=True),
           "fp8_static": dict(num_bits=8, type="float", strategy="tensor", dynamic=False),
           "int8_dynamic": dict(num_bits=8, type="int", strategy="token", dynamic=True)}
-    predicate = {k: int4_group_has_dynamic_fp8_activations(QuantizationArgs(**v)) for k, v in qa.items()}
-    predicate["none"] = int4_group_has_dynamic_fp8_activations(None)
+    predicate = {k: is_dynamic_fp8(QuantizationArgs(**v)) for k, v in qa.items()}
+    predicate["none"] = is_dynamic_fp8(None)
     load_plugins()
     publish(ServerArgs(model_path=args.folder, tp_size=1, device="cpu"), role="scheduler")
     fl._is_cpu = False

@@ -139,8 +139,19 @@ def _layer_classes():
     return classes
 
 
+def _args(a) -> dict | None:
+    if a is None:
+        return None
+    return {k: (str(getattr(v, "value", v)) if k in ("type", "strategy") else v)
+            for k in ("num_bits", "type", "strategy", "group_size", "symmetric", "dynamic")
+            if (v := getattr(a, k, None)) is not None or k == "group_size"}
+
+
 def _describe(method, layer) -> dict:
     out = {"method": type(method).__name__ if method is not None else None}
+    if hasattr(method, "activations"):  # kq's MoE method: what its experts compute
+        out["kq_activations"] = method.activations
+        out["kq_compute"] = getattr(method, "compute", None)
     scheme = getattr(layer, "scheme", None)
     if scheme is None:
         out["scheme"] = None
@@ -155,10 +166,33 @@ def _describe(method, layer) -> dict:
         if attr not in out and hasattr(scheme, attr):
             v = getattr(scheme, attr)
             out[attr] = str(getattr(v, "value", v)) if attr == "strategy" else v
+    if hasattr(scheme, "weight_quant"):
+        out["weight_quant"] = _args(scheme.weight_quant)
+    if hasattr(scheme, "input_quant"):
+        out["input_quant"] = _args(scheme.input_quant)
+    # What the scheme object itself will build weights with (its own attributes, which may
+    # come from another config group than the one that matched: W4AFP8MoE reads "Linear"'s).
+    out["scheme_attrs"] = {a: getattr(scheme, a) for a in ("num_bits", "group_size", "packed_factor")
+                           if isinstance(getattr(scheme, a, None), (int, type(None))) and hasattr(scheme, a)}
     return out
 
 
-def _probe_model(sa, draft: bool) -> dict:
+def _try_create_moe_weights(layer, hf_config, tp: int) -> dict:
+    """Run the MoE scheme's own create_weights on the bare layer with the model's sizes (CPU
+    tensors, nothing loaded): the parameters SGLang would fill from the checkpoint, or the error."""
+    import torch
+
+    E = getattr(hf_config, "n_routed_experts", None) or getattr(hf_config, "num_local_experts")
+    H, I = hf_config.hidden_size, hf_config.moe_intermediate_size // tp
+    try:
+        layer.scheme.create_weights(layer, num_experts=E, hidden_size=H, intermediate_size_per_partition=I,
+                                    params_dtype=torch.bfloat16)
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    return {n: [list(p.shape), str(p.dtype).removeprefix("torch.")] for n, p in layer.named_parameters()}
+
+
+def _probe_model(sa, draft: bool, create_weights: bool = False) -> dict:
     from sglang.srt.configs.load_config import LoadConfig
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.layers.moe.utils import resolve_shared_experts_config
@@ -181,6 +215,8 @@ def _probe_model(sa, draft: bool) -> dict:
         try:
             method = qc.get_quant_method(layer, prefix) if qc is not None else None
             row = _describe(method, layer)
+            if create_weights and cls_name == "FusedMoE" and getattr(layer, "scheme", None) is not None:
+                row["create_weights"] = _try_create_moe_weights(layer, mc.hf_config, sa.tp_size)
         except Exception as e:  # a config SGLang refuses: report it, the test decides
             row = {"error": f"{type(e).__name__}: {e}"}
         row["class"] = cls_name
@@ -244,7 +280,7 @@ def _probe_job(job: dict) -> dict:
         "job": job,
         "sglang": sglang.__version__,
         "compressed_tensors": compressed_tensors.__version__,
-        "main": _probe_model(sa, draft=False),
+        "main": _probe_model(sa, draft=False, create_weights=job.get("create_weights", False)),
     }
     # SGLang's pin of compressed-tensors reads the config back unchanged.
     try:
@@ -254,14 +290,15 @@ def _probe_job(job: dict) -> dict:
     except Exception as e:
         result["ct_roundtrip"] = f"{type(e).__name__}: {e}"
     if (cfg.get("num_nextn_predict_layers") or 0) > 0:
-        result["draft"] = _probe_model(sa, draft=True)
+        result["draft"] = _probe_model(sa, draft=True, create_weights=job.get("create_weights", False))
     return result
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folders", nargs="*", help="checkpoint folders (default options)")
-    ap.add_argument("--jobs", help="JSON file: a list of {folder, tp, disable_shared_experts_fusion, quantization}")
+    ap.add_argument("--jobs", help="JSON file: a list of {folder, tp, disable_shared_experts_fusion, quantization, "
+                    "create_weights (run the MoE schemes' create_weights with the model's sizes)}")
     ap.add_argument("--out", required=True, help="where to write the JSON list of results")
     ap.add_argument("--plugins", action="store_true", help="load the sglang.srt.plugins entry points first, "
                     "as every SGLang process does")
