@@ -22,6 +22,11 @@ def eval_cmd(
     batch: int = typer.Option(8, "--batch", help="Windows per forward call (memory vs speed)."),
     dtype: str = typer.Option("float32", "--dtype", help="float32 (exact reference) or bfloat16 (half the memory)."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    pair: bool = typer.Option(False, "--pair", help="Also score the disaggregated pair: the source prefills the "
+                              "first --prompt tokens of each window (its KV cache), the quantized model decodes the "
+                              "rest on that cache; KL/top-1 on the continuation beside the quantized model alone."),
+    prompt: Optional[int] = typer.Option(None, "--prompt", help="Prompt tokens per window for --pair (default: half "
+                                         "the window)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> None:
     """KL(source||quantized) per token, top-1 agreement and perplexity of both, layer by layer.
@@ -31,7 +36,8 @@ def eval_cmd(
 
     Example:\n
       kq eval ./GLM-5.2-INT4 --against ./GLM-5.2-FP8 --text eval.txt.gz\n
-      kq eval ./GLM-5.2-INT4 --against glm-5.2 --text eval.txt.gz   # the Hub source, downloaded once
+      kq eval ./GLM-5.2-INT4 --against glm-5.2 --text eval.txt.gz   # the Hub source, downloaded once\n
+      kq eval ./GLM-5.2-INT4 --against glm-5.2 --text eval.txt.gz --pair --prompt 192   # FP8 prefill, INT4 decode
     """
     from kq.eval.run import evaluate
 
@@ -46,11 +52,16 @@ def eval_cmd(
     from kq.cli.common import checkpoint_folder
     from kq.eval.run import check_inputs
     check_inputs(out, dtype)  # before --against, which may be a download
+    if prompt is not None and not pair:
+        raise KqError("--prompt is the prompt length of --pair; add --pair")
+    pair_prompt = (seqlen // 2 if prompt is None else prompt) if pair else None
+    if pair_prompt is not None and not 0 <= pair_prompt < seqlen:
+        raise KqError(f"--prompt {pair_prompt}: must be at least 0 and below --seqlen {seqlen}")
     label = against
     against = checkpoint_folder(against, revision=revision)
     if as_json:
         rec = evaluate(out, against, text, seqs=seqs, seqlen=seqlen, batch=batch, dtype=dtype, device=device,
-                       source_name=label)
+                       source_name=label, pair_prompt=pair_prompt)
         typer.echo(json.dumps(rec, indent=2))
         return
     from rich.console import Console
@@ -58,10 +69,25 @@ def eval_cmd(
     err = Console(stderr=True)
     with err.status("layer 0") as status:
         rec = evaluate(out, against, text, seqs=seqs, seqlen=seqlen, batch=batch, dtype=dtype, device=device,
-                       source_name=label, on_layer=lambda i, n: status.update(f"layer {i}/{n} of both models"))
+                       source_name=label, pair_prompt=pair_prompt, on_layer=lambda i, n: status.update(f"layer {i}/{n} of both models"))
     t = Table(title=f"{out} vs {label}: {rec['seqs']} x {rec['seqlen']} tokens of {text.name}")
     for col in ("KL (nats/token)", "top-1 agreement", "ppl source", "ppl quantized", "seconds"):
         t.add_column(col, justify="right")
     t.add_row(f"{rec['kl']:.4f}", f"{rec['top1'] * 100:.1f}%", f"{rec['ppl_source']:.2f}",
               f"{rec['ppl_quantized']:.2f}", f"{rec['seconds']:.0f}")
+    Console().print(t)
+    if "pair" in rec:
+        _print_pair(rec["pair"])
+
+
+def _print_pair(p: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title=f"continuation tokens {p['prompt']}.. of each window ({p['continuation']} per window), "
+                    "against the source alone")
+    for col in ("decode", "KL (nats/token)", "top-1 agreement", "ppl"):
+        t.add_column(col, justify="right")
+    for label, key in (("quantized alone", "alone"), ("source prefill + quantized decode", "pair")):
+        r = p[key]
+        t.add_row(label, f"{r['kl']:.4f}", f"{r['top1'] * 100:.1f}%", f"{r['ppl_quantized']:.2f}")
     Console().print(t)

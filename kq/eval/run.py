@@ -39,7 +39,8 @@ def check_inputs(out: Path, dtype: str) -> CheckpointReader:
 
 def evaluate(out: Path, against: Path, text: Path, *, seqs: int = 48, seqlen: int = 256, batch: int = 8,
              dtype: str = "float32", device: str = "cpu", write: bool = True, source_name: str | None = None,
-             on_layer: Callable[[int, int], None] | None = None) -> dict:
+             on_layer: Callable[[int, int], None] | None = None, pair_prompt: int | None = None) -> dict:
+    """pair_prompt: also run the disaggregated pair (kq.eval.pair) with this many prompt tokens per window."""
     out, against = Path(out), Path(against)
     out_reader = check_inputs(out, dtype)
     if out.resolve() == against.resolve():
@@ -47,7 +48,11 @@ def evaluate(out: Path, against: Path, text: Path, *, seqs: int = 48, seqlen: in
     src = LayerwiseModel(CheckpointReader(against), dtype=DTYPES[dtype], device=device)
     q = LayerwiseModel(out_reader, dtype=DTYPES[dtype], device=device)
     ids, targets = eval_ids(against, text, seqs, seqlen)
-    res = compare(src, q, ids, targets, batch=batch, on_layer=on_layer)
+    if pair_prompt is not None:
+        from kq.eval.pair import compare_pair
+        res = compare_pair(src, q, ids, targets, prompt=pair_prompt, batch=batch, on_layer=on_layer)
+    else:
+        res = compare(src, q, ids, targets, batch=batch, on_layer=on_layer)
     record = {
         "kq_version": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
