@@ -24,11 +24,20 @@ BF16_SUFFIX_TARGETS = (r"re:.*mlp\.gate$", r"re:.*indexer\.weights_proj$", r"re:
                        r"re:.*shared_head\.head$")
 
 
+def expert_target(mtp_layer: int | None = None) -> str:
+    """The INT4 group's regex. With the MTP layer kept (--keep-mtp) it must match neither that layer's
+    checkpoint names (`model.layers.<mtp>.mlp.experts.E.*`) nor the names SGLang's draft model gives it
+    (`model.decoder.mlp.experts.E.*`, no `layers.` in them): those experts then fall into the FP8 group."""
+    if mtp_layer is None:
+        return EXPERT_TARGET
+    return rf"re:.*layers\.(?!{mtp_layer}\.)\d+\.mlp\.experts\.\d+\.(gate|up|down)_proj$"
+
+
 def build_quantization_config(source_config: dict, *, group_size: int, source_format: str,
-                              bf16_linears: list[str], has_fp8: bool) -> dict:
+                              bf16_linears: list[str], has_fp8: bool, mtp_layer: int | None = None) -> dict:
     groups = {
         "int4_experts": QuantizationScheme(
-            targets=[EXPERT_TARGET],
+            targets=[expert_target(mtp_layer)],
             weights=QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group",
                                      group_size=group_size, dynamic=False),
             format="pack-quantized"),

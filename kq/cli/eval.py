@@ -27,6 +27,8 @@ def eval_cmd(
                               "rest on that cache; KL/top-1 on the continuation beside the quantized model alone."),
     prompt: Optional[int] = typer.Option(None, "--prompt", help="Prompt tokens per window for --pair (default: half "
                                          "the window)."),
+    mtp: bool = typer.Option(False, "--mtp", help="Also the MTP draft's first-token acceptance (greedy, as SGLang's "
+                             "EAGLE-style MTP verifies it), source and quantized, each against its own target."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> None:
     """KL(source||quantized) per token, top-1 agreement and perplexity of both, layer by layer.
@@ -37,7 +39,8 @@ def eval_cmd(
     Example:\n
       kq eval ./GLM-5.2-INT4 --against ./GLM-5.2-FP8 --text eval.txt.gz\n
       kq eval ./GLM-5.2-INT4 --against glm-5.2 --text eval.txt.gz   # the Hub source, downloaded once\n
-      kq eval ./GLM-5.2-INT4 --against glm-5.2 --text eval.txt.gz --pair --prompt 192   # FP8 prefill, INT4 decode
+      kq eval ./GLM-5.2-INT4 --against glm-5.2 --text eval.txt.gz --pair --prompt 192   # FP8 prefill, INT4 decode\n
+      kq eval ./GLM-5.2-INT4 --against glm-5.2 --text eval.txt.gz --mtp   # speculative draft acceptance
     """
     from kq.eval.run import evaluate
 
@@ -61,7 +64,7 @@ def eval_cmd(
     against = checkpoint_folder(against, revision=revision)
     if as_json:
         rec = evaluate(out, against, text, seqs=seqs, seqlen=seqlen, batch=batch, dtype=dtype, device=device,
-                       source_name=label, pair_prompt=pair_prompt)
+                       source_name=label, pair_prompt=pair_prompt, mtp=mtp)
         typer.echo(json.dumps(rec, indent=2))
         return
     from rich.console import Console
@@ -69,7 +72,7 @@ def eval_cmd(
     err = Console(stderr=True)
     with err.status("layer 0") as status:
         rec = evaluate(out, against, text, seqs=seqs, seqlen=seqlen, batch=batch, dtype=dtype, device=device,
-                       source_name=label, pair_prompt=pair_prompt, on_layer=lambda i, n: status.update(f"layer {i}/{n} of both models"))
+                       source_name=label, pair_prompt=pair_prompt, mtp=mtp, on_layer=lambda i, n: status.update(f"layer {i}/{n} of both models"))
     t = Table(title=f"{out} vs {label}: {rec['seqs']} x {rec['seqlen']} tokens of {text.name}")
     for col in ("KL (nats/token)", "top-1 agreement", "ppl source", "ppl quantized", "seconds"):
         t.add_column(col, justify="right")
@@ -78,6 +81,11 @@ def eval_cmd(
     Console().print(t)
     if "pair" in rec:
         _print_pair(rec["pair"])
+    if "mtp" in rec:
+        m = rec["mtp"]
+        Console().print(f"MTP draft acceptance (layer {m['mtp_layer']}, first draft token, greedy): source "
+                        f"{m['source']['acceptance'] * 100:.1f}%, quantized {m['quantized']['acceptance'] * 100:.1f}%; "
+                        f"quantized draft = source draft at {m['draft_agreement'] * 100:.1f}% of positions")
 
 
 def _print_pair(p: dict) -> None:

@@ -49,6 +49,8 @@ def quantize(
     gptq_refit: bool = typer.Option(False, "--gptq-refit-scales", help="GPTQ: after the codes are chosen, refit each "
                                     "output row's group scales by least squares on the Hessian-weighted error "
                                     "(kept per row only where the error drops). Codes unchanged; a little slower."),
+    keep_mtp: bool = typer.Option(False, "--keep-mtp", help="Leave the MTP layer's experts as they came (FP8): the "
+                                  "speculative draft keeps the source's acceptance, at the draft's FP8 memory."),
     stream: bool = typer.Option(False, "--stream", help="Hub sources: delete each downloaded shard once used "
                                                           "(disk need: the output plus about two source shards)."),
     staging: Optional[Path] = typer.Option(None, "--staging", help="Where Hub shards are downloaded (default: OUT/.kq-work/download)."),
@@ -63,7 +65,8 @@ def quantize(
     Examples:\n
       kq quantize demo --out /tmp/demo\n
       kq quantize glm-5.2 --out ./GLM-5.2-INT4 --stream\n
-      kq quantize ./Kimi-K2-Instruct --group-size 32 --tp 8 --out ./k2-int4
+      kq quantize ./Kimi-K2-Instruct --group-size 32 --tp 8 --out ./k2-int4\n
+      kq quantize glm-5.2 --out ./GLM-5.2-INT4-mtp8 --keep-mtp   # FP8 draft experts
     """
     import torch
 
@@ -84,11 +87,11 @@ def quantize(
     out = out or default_out(src)
     staging = staging or (out / ".kq-work" / "download")
     source = open_any(src, staging=staging, stream=stream, revision=revision)
-    plan = make_plan(source, group_size=group_size, tp=tp, ep=ep)
+    plan = make_plan(source, group_size=group_size, tp=tp, ep=ep, keep_mtp=keep_mtp)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device)
     require(jobs is None or jobs >= 1, f"--jobs {jobs}: use 1 or more")
     opts = Options(method=method, group_size=plan.group_size, clip=clip, stream=stream,
-                   jobs=jobs or (8 if dev.type == "cuda" else 1))
+                   jobs=jobs or (8 if dev.type == "cuda" else 1), keep_mtp=keep_mtp)
     codes = None
     if method == "gptq":
         from kq.quantize.layerwise import POLICIES, GptqConfig, gptq_expert_codes

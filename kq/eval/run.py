@@ -39,8 +39,10 @@ def check_inputs(out: Path, dtype: str) -> CheckpointReader:
 
 def evaluate(out: Path, against: Path, text: Path, *, seqs: int = 48, seqlen: int = 256, batch: int = 8,
              dtype: str = "float32", device: str = "cpu", write: bool = True, source_name: str | None = None,
-             on_layer: Callable[[int, int], None] | None = None, pair_prompt: int | None = None) -> dict:
-    """pair_prompt: also run the disaggregated pair (kq.eval.pair) with this many prompt tokens per window."""
+             on_layer: Callable[[int, int], None] | None = None, pair_prompt: int | None = None,
+             mtp: bool = False) -> dict:
+    """pair_prompt: also run the disaggregated pair (kq.eval.pair) with this many prompt tokens per window;
+    mtp: also the MTP draft's acceptance of both checkpoints (kq.eval.mtp, one more pass of each)."""
     out, against = Path(out), Path(against)
     out_reader = check_inputs(out, dtype)
     if out.resolve() == against.resolve():
@@ -53,6 +55,9 @@ def evaluate(out: Path, against: Path, text: Path, *, seqs: int = 48, seqlen: in
         res = compare_pair(src, q, ids, targets, prompt=pair_prompt, batch=batch, on_layer=on_layer)
     else:
         res = compare(src, q, ids, targets, batch=batch, on_layer=on_layer)
+    if mtp:
+        from kq.eval.mtp import mtp_report
+        res.notes["mtp"] = mtp_report(src, q, ids, targets, batch=batch, on_layer=on_layer)
     record = {
         "kq_version": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -58,11 +58,13 @@ class LayerwiseModel:
         c = self.config
         return getattr(c, "n_routed_experts", None) or getattr(c, "num_local_experts", 0)
 
-    def load_layer(self, i: int, override: ExpertOverride | None = None) -> torch.nn.Module:
-        if not 0 <= i < self.num_layers:
+    def load_layer(self, i: int, override: ExpertOverride | None = None, *, config=None) -> torch.nn.Module:
+        """Decoder layer i; `config` builds a layer the causal forward has no entry for (the MTP layer,
+        kq.eval.mtp)."""
+        if config is None and not 0 <= i < self.num_layers:
             raise KqError(f"layer {i} is outside the model's {self.num_layers} decoder layers")
         with torch.device("meta"):
-            layer = self._Layer(self.config, i)
+            layer = self._Layer(config or self.config, i)
         sd = {}
         for key, like in layer.state_dict().items():
             dt = torch.float32 if any(m in key for m in self._fp32) else self.dtype

@@ -81,6 +81,7 @@ class Options:
     clip: str = "mse"            # mse | absmax (RTN)
     stream: bool = False
     jobs: int = 1                # output shards written at once (not part of the result)
+    keep_mtp: bool = False       # the MTP layer's experts left as they came
     # Host tuning, from the environment by default (benchmarks/rtn.py A/Bs them; not part of the result)
     gpu_workers: int = field(default_factory=lambda: _env_number("KQ_GPU_WORKERS", GPU_WORKERS))
     switch_us: float = field(default_factory=lambda: _env_number("KQ_SWITCH_INTERVAL_US",
@@ -91,7 +92,7 @@ class Options:
         key = {"method": self.method, "group_size": self.group_size, "clip": self.clip,
                "source_index": hashlib.sha256(json.dumps(source.index.weight_map, sort_keys=True).encode()).hexdigest(),
                "source_config": hashlib.sha256(json.dumps(source.config, sort_keys=True).encode()).hexdigest(),
-               "kq_format": 1}
+               "kq_format": 1, **({"keep_mtp": True} if self.keep_mtp else {})}
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -359,7 +360,7 @@ def finish(source: Source, plan: Plan, out: Path, opts: Options, fp: str, state:
                           and not n.endswith("embed_tokens.weight"))
     config["quantization_config"] = build_quantization_config(
         source.config, group_size=plan.group_size, source_format=plan.recipe.source_format,
-        bf16_linears=bf16_linears, has_fp8=any(t.dtype in FP8 for t in kept.values()))
+        bf16_linears=bf16_linears, has_fp8=any(t.dtype in FP8 for t in kept.values()), mtp_layer=plan.mtp_layer)
     write_json_atomic(out / "config.json", config)
     source.copy_extras(out)
     files = {name: {"sha256": rec["sha256"], "size": rec["size"]} for name, rec in state["shards"].items()}
@@ -372,7 +373,7 @@ def finish(source: Source, plan: Plan, out: Path, opts: Options, fp: str, state:
         "source": {"name": source.name, "repo_id": source.repo_id, "revision": source.revision,
                    "family": plan.recipe.family, "model_type": source.config.get("model_type")},
         "options": {"method": opts.method, "group_size": plan.group_size, "clip": opts.clip if opts.method == "rtn" else None,
-                    "mtp_experts": plan.recipe.mtp_experts},
+                    "mtp_experts": plan.mtp_experts},
         "sizes": {"source_bytes": plan.source_bytes, "output_bytes": plan.output_bytes,
                   "per_gpu_bytes_tp8": plan.per_gpu_bytes(8)},
         "classes": plan.classes,
