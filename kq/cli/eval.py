@@ -29,6 +29,10 @@ def eval_cmd(
                                          "the window)."),
     mtp: bool = typer.Option(False, "--mtp", help="Also the MTP draft's first-token acceptance (greedy, as SGLang's "
                              "EAGLE-style MTP verifies it), source and quantized, each against its own target."),
+    kv_cache: Optional[str] = typer.Option(None, "--kv-cache", help="fp8: also the quantized model reading an "
+                                           "emulated e4m3 KV cache (MLA latent): scale 1.0, the checkpoint's "
+                                           "calibrated scales (kq quantize --kv-cache fp8), and SGLang's per-128 "
+                                           "dynamic scales (its DSA pool on Hopper)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> None:
     """KL(source||quantized) per token, top-1 agreement and perplexity of both, layer by layer.
@@ -54,7 +58,12 @@ def eval_cmd(
         raise KqError(f"--device {device}: use cpu or cuda")
     from kq.cli.common import checkpoint_folder
     from kq.eval.run import check_inputs
-    check_inputs(out, dtype)  # before --against, which may be a download
+    out_reader = check_inputs(out, dtype)  # before --against, which may be a download
+    if kv_cache:
+        from kq.quantize.kv_scales import check_mla
+        check_mla(out_reader.config)
+    if kv_cache not in (None, "fp8"):
+        raise KqError(f"--kv-cache {kv_cache}: only fp8 is supported")
     if prompt is not None and not pair:
         raise KqError("--prompt is the prompt length of --pair; add --pair")
     pair_prompt = (seqlen // 2 if prompt is None else prompt) if pair else None
@@ -64,7 +73,7 @@ def eval_cmd(
     against = checkpoint_folder(against, revision=revision)
     if as_json:
         rec = evaluate(out, against, text, seqs=seqs, seqlen=seqlen, batch=batch, dtype=dtype, device=device,
-                       source_name=label, pair_prompt=pair_prompt, mtp=mtp)
+                       source_name=label, pair_prompt=pair_prompt, mtp=mtp, kv_cache=kv_cache)
         typer.echo(json.dumps(rec, indent=2))
         return
     from rich.console import Console
@@ -72,7 +81,7 @@ def eval_cmd(
     err = Console(stderr=True)
     with err.status("layer 0") as status:
         rec = evaluate(out, against, text, seqs=seqs, seqlen=seqlen, batch=batch, dtype=dtype, device=device,
-                       source_name=label, pair_prompt=pair_prompt, mtp=mtp, on_layer=lambda i, n: status.update(f"layer {i}/{n} of both models"))
+                       source_name=label, pair_prompt=pair_prompt, mtp=mtp, kv_cache=kv_cache, on_layer=lambda i, n: status.update(f"layer {i}/{n} of both models"))
     t = Table(title=f"{out} vs {label}: {rec['seqs']} x {rec['seqlen']} tokens of {text.name}")
     for col in ("KL (nats/token)", "top-1 agreement", "ppl source", "ppl quantized", "seconds"):
         t.add_column(col, justify="right")
@@ -81,6 +90,16 @@ def eval_cmd(
     Console().print(t)
     if "pair" in rec:
         _print_pair(rec["pair"])
+    if "kv_cache" in rec:
+        kv = rec["kv_cache"]
+        t = Table(title="quantized model on an emulated FP8 (e4m3) KV cache, against the source")
+        for col in ("KV cache", "KL (nats/token)", "top-1 agreement"):
+            t.add_column(col, justify="right")
+        t.add_row("as computed (no FP8)", f"{rec['kl']:.4f}", f"{rec['top1'] * 100:.1f}%")
+        for mode in ("scale-1", "calibrated", "block-128"):
+            if mode in kv:
+                t.add_row(f"fp8 {mode}", f"{kv[mode]['kl']:.4f}", f"{kv[mode]['top1'] * 100:.1f}%")
+        Console().print(t)
     if "mtp" in rec:
         m = rec["mtp"]
         Console().print(f"MTP draft acceptance (layer {m['mtp_layer']}, first draft token, greedy): source "

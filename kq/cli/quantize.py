@@ -51,6 +51,9 @@ def quantize(
                                     "(kept per row only where the error drops). Codes unchanged; a little slower."),
     keep_mtp: bool = typer.Option(False, "--keep-mtp", help="Leave the MTP layer's experts as they came (FP8): the "
                                   "speculative draft keeps the source's acceptance, at the draft's FP8 memory."),
+    kv_cache: Optional[str] = typer.Option(None, "--kv-cache", help="fp8: also calibrate per-layer FP8 KV-cache "
+                                           "scales of the MLA latent on --calib (its --calib-samples x --calib-seqlen "
+                                           "tokens) and write them where SGLang reads them (kv_cache_scheme)."),
     stream: bool = typer.Option(False, "--stream", help="Hub sources: delete each downloaded shard once used "
                                                           "(disk need: the output plus about two source shards)."),
     staging: Optional[Path] = typer.Option(None, "--staging", help="Where Hub shards are downloaded (default: OUT/.kq-work/download)."),
@@ -80,7 +83,9 @@ def quantize(
     check_tuning_env()
     if device == "cuda" and not torch.cuda.is_available():
         raise KqError("--device cuda: no CUDA GPU is visible")
-    if method == "gptq":
+    require(kv_cache in (None, "fp8"), f"--kv-cache {kv_cache}: only fp8 is supported")
+    require(kv_cache is None or calib is not None, "--kv-cache fp8 needs --calib FILE (calibration text)")
+    if method == "gptq" or kv_cache:
         require(calib is not None, "--method gptq needs --calib FILE (calibration text, or a Hub dataset org/name)")
         from kq.quantize.calibration import resolve_calib
         resolve_calib(calib)  # fail (or download) before any model work
@@ -91,7 +96,10 @@ def quantize(
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device)
     require(jobs is None or jobs >= 1, f"--jobs {jobs}: use 1 or more")
     opts = Options(method=method, group_size=plan.group_size, clip=clip, stream=stream,
-                   jobs=jobs or (8 if dev.type == "cuda" else 1), keep_mtp=keep_mtp)
+                   jobs=jobs or (8 if dev.type == "cuda" else 1), keep_mtp=keep_mtp, kv_cache=kv_cache)
+    if kv_cache:
+        from kq.quantize.kv_scales import check_mla
+        check_mla(source.config)
     codes = None
     if method == "gptq":
         from kq.quantize.layerwise import POLICIES, GptqConfig, gptq_expert_codes
@@ -110,8 +118,12 @@ def quantize(
         stderr.print(f"[bold]{source.name}[/] ({plan.recipe.title}) -> {out}: {plan.classes.get('routed expert -> int4', {}).get('tensors', 0)} "
                      f"expert weights to INT4 g{plan.group_size} ({method}{'/' + clip if method == 'rtn' else ''}) on {dev.type}, "
                      f"{human_bytes(plan.source_bytes)} -> {human_bytes(plan.output_bytes)}")
+    kv_scales = None
+    if kv_cache:
+        kv_scales = _calibrate_kv(source, calib, calib_samples, calib_seqlen, dev, quiet=as_json)
     with ShardProgress(plan.source_bytes, len(plan.shards), enabled=not as_json) as prog:
-        summary = run_quantize(source, plan, out, opts, device=dev, progress=prog, expert_codes=codes)
+        summary = run_quantize(source, plan, out, opts, device=dev, progress=prog, expert_codes=codes,
+                               kv_scales=kv_scales)
     calib_summary = getattr(codes, "summary", None)
     if calib_summary is not None:
         summary["calibration"] = calib_summary
@@ -124,3 +136,19 @@ def quantize(
                          f"per layer: {json.dumps(calib_summary['under_calibrated'])}")
         stderr.print(f"done in {summary['seconds']:.1f} s: {out} ({human_bytes(summary['output_bytes'])}); "
                      f"check it with `kq verify {out}`")
+
+
+def _calibrate_kv(source, calib, samples, seqlen, device, quiet):
+    """Per-layer FP8 KV-cache scales from the source model on the calibration text (kq.quantize.kv_scales)."""
+    from kq.model import LayerwiseModel
+    from kq.quantize.calibration import calibration_ids
+    from kq.quantize.kv_scales import calibrate_kv_scales
+    from kq.quantize.layerwise import reader_for
+    reader = reader_for(source)
+    ids = calibration_ids(reader.folder, reader.config, calib, samples, seqlen)
+    model = LayerwiseModel(reader, device=device)
+    if quiet:
+        return calibrate_kv_scales(model, ids)
+    with stderr.status("KV-cache scales: layer 0") as st:
+        return calibrate_kv_scales(model, ids, on_layer=lambda i, n: st.update(f"KV-cache scales: layer {i}/{n} "
+                                                                                f"of {ids.numel()} calibration tokens"))

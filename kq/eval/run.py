@@ -37,12 +37,29 @@ def check_inputs(out: Path, dtype: str) -> CheckpointReader:
     return CheckpointReader(out)  # a folder with config.json and its shards' index, or one clear line
 
 
+def kv_cache_figures(out_reader: CheckpointReader, src: LayerwiseModel, ids, targets, *, dtype, device, batch,
+                     on_layer=None) -> dict:
+    """KL/top-1 of the quantized model against the source with an emulated FP8 KV cache, per scale mode."""
+    from kq.eval.kvcache import MODES, emulate_fp8_kv
+    from kq.quantize.kv_scales import read_scales
+    scales = read_scales(out_reader, src.num_layers)
+    out = {"scales": scales}
+    for mode in MODES:
+        if mode == "calibrated" and scales is None:
+            continue
+        q = emulate_fp8_kv(LayerwiseModel(out_reader, dtype=dtype, device=device), mode, scales)
+        r = compare(src, q, ids, targets, batch=batch, on_layer=on_layer).summary
+        out[mode] = {k: r[k] for k in ("kl", "top1", "ppl_quantized")}
+    return out
+
+
 def evaluate(out: Path, against: Path, text: Path, *, seqs: int = 48, seqlen: int = 256, batch: int = 8,
              dtype: str = "float32", device: str = "cpu", write: bool = True, source_name: str | None = None,
              on_layer: Callable[[int, int], None] | None = None, pair_prompt: int | None = None,
-             mtp: bool = False) -> dict:
+             mtp: bool = False, kv_cache: str | None = None) -> dict:
     """pair_prompt: also run the disaggregated pair (kq.eval.pair) with this many prompt tokens per window;
-    mtp: also the MTP draft's acceptance of both checkpoints (kq.eval.mtp, one more pass of each)."""
+    mtp: also the MTP draft's acceptance of both checkpoints (kq.eval.mtp, one more pass of each);
+    kv_cache "fp8": also the quantized model on an emulated FP8 KV cache (kq.eval.kvcache), one run per scale."""
     out, against = Path(out), Path(against)
     out_reader = check_inputs(out, dtype)
     if out.resolve() == against.resolve():
@@ -58,6 +75,9 @@ def evaluate(out: Path, against: Path, text: Path, *, seqs: int = 48, seqlen: in
     if mtp:
         from kq.eval.mtp import mtp_report
         res.notes["mtp"] = mtp_report(src, q, ids, targets, batch=batch, on_layer=on_layer)
+    if kv_cache:
+        res.notes["kv_cache"] = kv_cache_figures(out_reader, src, ids, targets, dtype=DTYPES[dtype], device=device,
+                                                 batch=batch, on_layer=on_layer)
     record = {
         "kq_version": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
