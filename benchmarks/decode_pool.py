@@ -4,7 +4,7 @@ the FP8 KV cache with and without calibrated scales (issue #24's figures for BEN
     python benchmarks/decode_pool.py [--groups 32 128] [--seqs 16] [--seqlen 256] [--prompt 128] [--out F.json]
 
 For each group: `kq quantize` (RTN, default MSE clip) with `--kv-cache fp8` (scales calibrated on
-shared/data/calibration_text.txt.gz, 64 x 256 tokens), and again with `--keep-mtp`; then, over the
+shared/data/calibration_text.txt.gz, --calib-samples x 256 tokens), and again with `--keep-mtp`; then, over the
 first seqs x seqlen tokens of the held-out eval text, CPU float32:
 - pair: KL/top-1 of the continuation (positions prompt..seqlen-1), INT4 alone vs source prefill +
   INT4 decode (kq.eval.pair);
@@ -46,6 +46,7 @@ def main() -> None:
     ap.add_argument("--seqs", type=int, default=16)
     ap.add_argument("--seqlen", type=int, default=256)
     ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--calib-samples", type=int, default=64, help="KV-scale calibration windows of 256 tokens")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     sys.path.insert(0, str(REPO))
@@ -66,7 +67,7 @@ def main() -> None:
         for g in a.groups:
             t0 = time.time()
             out = quantize(Path(tmp) / f"g{g}", g, "--kv-cache", "fp8", "--calib", str(CALIB),
-                           "--calib-samples", "64", "--calib-seqlen", "256")
+                           "--calib-samples", str(a.calib_samples), "--calib-seqlen", "256")
             keep = quantize(Path(tmp) / f"g{g}-keep", g, "--keep-mtp")
             qr = CheckpointReader(out)
             pair = compare_pair(src, LayerwiseModel(qr), ids, targets, prompt=a.prompt)
