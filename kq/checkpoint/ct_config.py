@@ -100,12 +100,22 @@ def with_activations(quantization_config: dict, activations: str) -> dict:
     return _drop_empty(QuantizationConfig.model_validate(qc).model_dump(exclude_none=True))
 
 
+def expert_target(mtp_layer: int | None = None) -> str:
+    """The INT4 group's regex. With the MTP layer kept (--keep-mtp) it must match neither that layer's
+    checkpoint names (`model.layers.<mtp>.mlp.experts.E.*`) nor the names SGLang's draft model gives it
+    (`model.decoder.mlp.experts.E.*`, no `layers.` in them): those experts then fall into the FP8 group."""
+    if mtp_layer is None:
+        return EXPERT_TARGET
+    return rf"re:.*layers\.(?!{mtp_layer}\.)\d+\.mlp\.experts\.\d+\.(gate|up|down)_proj$"
+
+
 def build_quantization_config(source_config: dict, *, group_size: int, source_format: str,
-                              bf16_linears: list[str], has_fp8: bool, activations: str = "none") -> dict:
+                              bf16_linears: list[str], has_fp8: bool, activations: str = "none",
+                              mtp_layer: int | None = None) -> dict:
     check_activations(activations, group_size)
     groups = {
         INT4_GROUP: QuantizationScheme(
-            targets=[EXPERT_TARGET],
+            targets=[expert_target(mtp_layer)],
             weights=QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group",
                                      group_size=group_size, dynamic=False),
             input_activations=fp8_activation_args() if activations == "fp8" else None,

@@ -26,7 +26,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from kq.checkpoint.manifest import sha256_file, write_json_atomic
+from kq.checkpoint.manifest import sha256_file
 from kq.errors import KqError
 from kq.format import EXPERT_PART_RE, MANIFEST_NAME, atomic_path, rank_file_name, rank_shard_dir, write_json_atomic
 from kq.kernels import PrepackedMoE, prepack_moe

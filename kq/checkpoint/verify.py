@@ -138,8 +138,9 @@ def _check_config_and_scales(folder: Path, config: dict, index: Index, headers) 
             _check_scale(problems, wm[mod + ".weight_scale"], mod + ".weight_scale", s)
         elif name.endswith(".weight") and e.dtype in FP8:
             mod = name[: -len(".weight")]
-            if expert_match(name):
-                problems.append(f"{shard}: {name} is a routed expert left in FP8")
+            # A routed expert the INT4 group does not target was kept on purpose (kq quantize --keep-mtp).
+            if expert_match(name) and _matches(mod, targets):
+                problems.append(f"{shard}: {name} is a routed expert left in FP8 though the INT4 group targets it")
             if _matches(mod, ignore) or not linear_group:
                 problems.append(f"{shard}: {mod} is FP8 but the config would load it unquantized")
             sname = mod + ".weight_scale"

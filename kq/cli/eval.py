@@ -26,6 +26,17 @@ def eval_cmd(
                                     "(e4m3) input activations, per-token and per-tensor dynamic scales, as a W4A8 "
                                     "kernel computes them, beside the W4A16 figures. none: W4A16 only. auto "
                                     "(default): fp8 when the checkpoint's config asks for FP8 activations."),
+    pair: bool = typer.Option(False, "--pair", help="Also score the disaggregated pair: the source prefills the "
+                              "first --prompt tokens of each window (its KV cache), the quantized model decodes the "
+                              "rest on that cache; KL/top-1 on the continuation beside the quantized model alone."),
+    prompt: Optional[int] = typer.Option(None, "--prompt", help="Prompt tokens per window for --pair (default: half "
+                                         "the window)."),
+    mtp: bool = typer.Option(False, "--mtp", help="Also the MTP draft's first-token acceptance (greedy, as SGLang's "
+                             "EAGLE-style MTP verifies it), source and quantized, each against its own target."),
+    kv_cache: Optional[str] = typer.Option(None, "--kv-cache", help="fp8: also the quantized model reading an "
+                                           "emulated e4m3 KV cache (MLA latent): scale 1.0, the checkpoint's "
+                                           "calibrated scales (kq quantize --kv-cache fp8), and SGLang's per-128 "
+                                           "dynamic scales (its DSA pool on Hopper)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> None:
     """KL(source||quantized) per token, top-1 agreement and perplexity of both, layer by layer.
@@ -36,7 +47,9 @@ def eval_cmd(
     Example:\n
       kq eval ./GLM-5.2-INT4 --against ./GLM-5.2-FP8 --text eval.txt.gz\n
       kq eval ./GLM-5.2-INT4 --against glm-5.2 --text eval.txt.gz   # the Hub source, downloaded once\n
-      kq eval ./GLM-5.2-INT4 --against ./GLM-5.2-FP8 --text eval.txt.gz --activations fp8   # W4AFP8 cost
+      kq eval ./GLM-5.2-INT4 --against ./GLM-5.2-FP8 --text eval.txt.gz --activations fp8   # W4AFP8 cost\n
+      kq eval ./GLM-5.2-INT4 --against glm-5.2 --text eval.txt.gz --pair --prompt 192   # FP8 prefill, INT4 decode\n
+      kq eval ./GLM-5.2-INT4 --against glm-5.2 --text eval.txt.gz --mtp   # speculative draft acceptance
     """
     from kq.eval.run import evaluate
 
@@ -58,12 +71,23 @@ def eval_cmd(
         except (OSError, ValueError):
             qc = None  # check_inputs says what is wrong with the folder
         activations = "fp8" if experts_fp8_activations(qc) else "none"
-    check_inputs(out, dtype, activations)  # before --against, which may be a download
+    out_reader = check_inputs(out, dtype, activations)  # before --against, which may be a download
+    if kv_cache:
+        from kq.quantize.kv_scales import check_mla
+        check_mla(out_reader.config)
+    if kv_cache not in (None, "fp8"):
+        raise KqError(f"--kv-cache {kv_cache}: only fp8 is supported")
+    if prompt is not None and not pair:
+        raise KqError("--prompt is the prompt length of --pair; add --pair")
+    pair_prompt = (seqlen // 2 if prompt is None else prompt) if pair else None
+    if pair_prompt is not None and not 0 <= pair_prompt < seqlen:
+        raise KqError(f"--prompt {pair_prompt}: must be at least 0 and below --seqlen {seqlen}")
     label = against
     against = checkpoint_folder(against, revision=revision)
     if as_json:
         rec = evaluate(out, against, text, seqs=seqs, seqlen=seqlen, batch=batch, dtype=dtype, device=device,
-                       source_name=label, activations=activations)
+                       source_name=label, activations=activations, pair_prompt=pair_prompt, mtp=mtp,
+                       kv_cache=kv_cache)
         typer.echo(json.dumps(rec, indent=2))
         return
     from rich.console import Console
@@ -71,8 +95,8 @@ def eval_cmd(
     err = Console(stderr=True)
     with err.status("layer 0") as status:
         rec = evaluate(out, against, text, seqs=seqs, seqlen=seqlen, batch=batch, dtype=dtype, device=device,
-                       source_name=label, activations=activations,
-                       on_layer=lambda i, n: status.update(f"layer {i}/{n} of both models"))
+                       source_name=label, activations=activations, pair_prompt=pair_prompt, mtp=mtp,
+                       kv_cache=kv_cache, on_layer=lambda i, n: status.update(f"layer {i}/{n} of both models"))
     t = Table(title=f"{out} vs {label}: {rec['seqs']} x {rec['seqlen']} tokens of {text.name}")
     acts = rec.get("activations")
     cols = (["expert activations"] if acts else []) + ["KL (nats/token)", "top-1 agreement", "ppl source",
@@ -87,4 +111,34 @@ def eval_cmd(
         if acts:
             cells = [label_] + cells + ["" if ratio is None else f"{ratio:.3f}x"]
         t.add_row(*cells, f"{rec['seconds']:.0f}")
+    Console().print(t)
+    if "pair" in rec:
+        _print_pair(rec["pair"])
+    if "kv_cache" in rec:
+        kv = rec["kv_cache"]
+        t = Table(title="quantized model on an emulated FP8 (e4m3) KV cache, against the source")
+        for col in ("KV cache", "KL (nats/token)", "top-1 agreement"):
+            t.add_column(col, justify="right")
+        t.add_row("as computed (no FP8)", f"{rec['kl']:.4f}", f"{rec['top1'] * 100:.1f}%")
+        for mode in ("scale-1", "calibrated", "block-128"):
+            if mode in kv:
+                t.add_row(f"fp8 {mode}", f"{kv[mode]['kl']:.4f}", f"{kv[mode]['top1'] * 100:.1f}%")
+        Console().print(t)
+    if "mtp" in rec:
+        m = rec["mtp"]
+        Console().print(f"MTP draft acceptance (layer {m['mtp_layer']}, first draft token, greedy): source "
+                        f"{m['source']['acceptance'] * 100:.1f}%, quantized {m['quantized']['acceptance'] * 100:.1f}%; "
+                        f"quantized draft = source draft at {m['draft_agreement'] * 100:.1f}% of positions")
+
+
+def _print_pair(p: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title=f"continuation tokens {p['prompt']}.. of each window ({p['continuation']} per window), "
+                    "against the source alone")
+    for col in ("decode", "KL (nats/token)", "top-1 agreement", "ppl"):
+        t.add_column(col, justify="right")
+    for label, key in (("quantized alone", "alone"), ("source prefill + quantized decode", "pair")):
+        r = p[key]
+        t.add_row(label, f"{r['kl']:.4f}", f"{r['top1'] * 100:.1f}%", f"{r['ppl_quantized']:.2f}")
     Console().print(t)

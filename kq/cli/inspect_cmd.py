@@ -16,6 +16,9 @@ def inspect(
     group_size: Optional[int] = typer.Option(None, "--group-size", "-g", help="INT4 group size to plan for (default: the family's)."),
     tp: Optional[int] = typer.Option(None, "--tp", help="Also refuse, as quantize would, if the result cannot load at this TP."),
     revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision."),
+    kv: bool = typer.Option(False, "--kv", help="Also the KV-cache tokens per GPU SGLang would allocate on an H200 "
+                            "at --tp (default 8), BF16 and FP8 KV, at SGLang's default memory fraction, for the "
+                            "source and the output."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable plan on stdout."),
 ) -> None:
     """Show what `kq quantize` would do: tensors per class, source and output bytes, per-GPU weight memory
@@ -27,6 +30,7 @@ def inspect(
     Examples:\n
       kq inspect glm-5.2 --tp 8\n
       kq inspect kimi-k2 --group-size 128 --json\n
+      kq inspect glm-5.2 --kv            # KV-cache tokens per H200 at TP 8, source vs INT4\n
       kq inspect ./GLM-5.2-FP8
     """
     from kq.quantize.plan import make_plan
@@ -44,6 +48,13 @@ def inspect(
         "mtp_experts": plan.recipe.mtp_experts,
         "tp": [{"tp": v.tp, "ok": v.ok, "reason": v.reason, "per_gpu_bytes": plan.per_gpu_bytes(v.tp)} for v in plan.tp],
     }
+    if kv:
+        from kq.sglang.kv_capacity import as_dicts, kv_tokens, mem_fraction_static
+        t = tp or 8
+        cfg = source.config.get("text_config") or source.config
+        data["kv"] = {"tp": t, "gpu": "H200 (143771 MiB)", "mem_fraction_static": mem_fraction_static(t),
+                      "capacity": as_dicts(kv_tokens(cfg, -(-plan.source_bytes // t), tp=t, checkpoint="source")
+                                           + kv_tokens(cfg, plan.per_gpu_bytes(t), tp=t, checkpoint="output"))}
     if as_json:
         typer.echo(json.dumps(data, indent=1))
         return
@@ -64,6 +75,15 @@ def inspect(
     con.print(t)
     con.print(f"disk needed for the output: {human_bytes(data['disk_needed_bytes'])}"
               f"{' plus the tokenizer files' if offline_note else ''}; MTP layer experts: {plan.recipe.mtp_experts}")
+    if kv:
+        k = data["kv"]
+        t = Table("checkpoint", "KV dtype", "weights per GPU", "KV pool per GPU", "bytes per token", "tokens per GPU",
+                  title=f"KV cache on an H200 at TP {k['tp']}, SGLang's default mem_fraction_static "
+                        f"{k['mem_fraction_static']}")
+        for c in k["capacity"]:
+            t.add_row(c["checkpoint"], c["kv_dtype"], human_bytes(c["weights_per_gpu"]), human_bytes(c["pool_bytes"]),
+                      f"{c['bytes_per_token']:,}", f"{c['tokens']:,}")
+        con.print(t)
 
 
 def _open_for_inspect(src: str, revision: str | None):

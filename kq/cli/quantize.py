@@ -56,6 +56,11 @@ def quantize(
                                     "the server for: none (W4A16, decode) or fp8 (W4AFP8: dynamic per-token FP8, "
                                     "SGLang's CompressedTensorsW4AFP8MoE; group 128 only). Same tensors either way: "
                                     "`kq config` makes the other variant from a finished folder without copying."),
+    keep_mtp: bool = typer.Option(False, "--keep-mtp", help="Leave the MTP layer's experts as they came (FP8): the "
+                                  "speculative draft keeps the source's acceptance, at the draft's FP8 memory."),
+    kv_cache: Optional[str] = typer.Option(None, "--kv-cache", help="fp8: also calibrate per-layer FP8 KV-cache "
+                                           "scales of the MLA latent on --calib (its --calib-samples x --calib-seqlen "
+                                           "tokens) and write them where SGLang reads them (kv_cache_scheme)."),
     stream: bool = typer.Option(False, "--stream", help="Hub sources: delete each downloaded shard once used "
                                                           "(disk need: the output plus about two source shards)."),
     staging: Optional[Path] = typer.Option(None, "--staging", help="Where Hub shards are downloaded (default: OUT/.kq-work/download)."),
@@ -71,8 +76,9 @@ def quantize(
       kq quantize demo --out /tmp/demo\n
       kq quantize glm-5.2 --out ./GLM-5.2-INT4 --stream\n
       kq quantize ./Kimi-K2-Instruct --group-size 32 --tp 8 --out ./k2-int4\n
-      torchrun --nproc-per-node 8 -m kq quantize ./GLM-5.2-FP8 --method gptq --calib data.jsonl --out ./g52-gptq
-      kq quantize glm-5.2 --group-size 128 --activations fp8 --out ./GLM-5.2-W4AFP8
+      torchrun --nproc-per-node 8 -m kq quantize ./GLM-5.2-FP8 --method gptq --calib data.jsonl --out ./g52-gptq\n
+      kq quantize glm-5.2 --group-size 128 --activations fp8 --out ./GLM-5.2-W4AFP8\n
+      kq quantize glm-5.2 --out ./GLM-5.2-INT4-mtp8 --keep-mtp   # FP8 draft experts
     """
     import torch
 
@@ -87,8 +93,8 @@ def quantize(
     world, dev = distributed.setup(dev0)
     source, plan, opts, codes, done = distributed.agree(lambda: _prepare(
         src, to, out, group_size, method, clip, tp, ep, calib, calib_samples, calib_seqlen, calib_policy, gptq_damp,
-        gptq_clip, gptq_asym, gptq_refit, gptq_expert_chunk, activations, stream, staging, revision, device, jobs, dev,
-        world))
+        gptq_clip, gptq_asym, gptq_refit, gptq_expert_chunk, activations, keep_mtp, kv_cache, stream, staging, revision, device, jobs,
+        dev, world))
     out = out or default_out(src)
     quiet = as_json or not world.lead
     if done:
@@ -104,8 +110,12 @@ def quantize(
         stderr.print(f"[bold]{source.name}[/] ({plan.recipe.title}) -> {out}: {plan.classes.get('routed expert -> int4', {}).get('tensors', 0)} "
                      f"expert weights to INT4 g{plan.group_size} ({method}{'/' + clip if method == 'rtn' else ''}) on {dev.type}{ranks}, "
                      f"{human_bytes(plan.source_bytes)} -> {human_bytes(plan.output_bytes)}")
+    kv_scales = None
+    if kv_cache:
+        kv_scales = _calibrate_kv(source, calib, calib_samples, calib_seqlen, dev, quiet=quiet)
     with ShardProgress(plan.source_bytes, len(plan.shards), enabled=not quiet) as prog:
-        summary = run_quantize(source, plan, out, opts, device=dev, progress=prog, expert_codes=codes)
+        summary = run_quantize(source, plan, out, opts, device=dev, progress=prog, expert_codes=codes,
+                               kv_scales=kv_scales)
     distributed.teardown()
     if not world.lead:
         return
@@ -124,8 +134,8 @@ def quantize(
 
 
 def _prepare(src, to, out, group_size, method, clip, tp, ep, calib, calib_samples, calib_seqlen, calib_policy,
-             gptq_damp, gptq_clip, gptq_asym, gptq_refit, gptq_expert_chunk, activations, stream, staging, revision,
-             device, jobs, dev, world):
+             gptq_damp, gptq_clip, gptq_asym, gptq_refit, gptq_expert_chunk, activations, keep_mtp, kv_cache, stream,
+             staging, revision, device, jobs, dev, world):
     """Every check before the long part (the same on every rank) -> (source, plan, opts, codes, done)."""
     from kq.quantize.plan import make_plan
     from kq.quantize.run import Options, check_tuning_env, preflight
@@ -141,18 +151,23 @@ def _prepare(src, to, out, group_size, method, clip, tp, ep, calib, calib_sample
     require(not (stream and world.on), "--stream under torchrun: ranks would delete shards others still read; "
             "download the source first (run without --stream)")
     require(gptq_expert_chunk >= 1, f"--gptq-expert-chunk {gptq_expert_chunk}: use 1 or more")
-    if method == "gptq":
+    require(kv_cache in (None, "fp8"), f"--kv-cache {kv_cache}: only fp8 is supported")
+    require(kv_cache is None or calib is not None, "--kv-cache fp8 needs --calib FILE (calibration text)")
+    if method == "gptq" or kv_cache:
         require(calib is not None, "--method gptq needs --calib FILE (calibration text, or a Hub dataset org/name)")
         from kq.quantize.calibration import resolve_calib
         resolve_calib(calib)  # fail (or download) before any model work
     out = out or default_out(src)
     staging = staging or (out / ".kq-work" / "download")
     source = open_any(src, staging=staging, stream=stream, revision=revision)
-    plan = make_plan(source, group_size=group_size, tp=tp, ep=ep)
+    plan = make_plan(source, group_size=group_size, tp=tp, ep=ep, keep_mtp=keep_mtp)
     check_activations(activations, plan.group_size)
     require(jobs is None or jobs >= 1, f"--jobs {jobs}: use 1 or more")
     opts = Options(method=method, group_size=plan.group_size, clip=clip, stream=stream, activations=activations,
-                   jobs=jobs or (8 if dev.type == "cuda" else 1))
+                   jobs=jobs or (8 if dev.type == "cuda" else 1), keep_mtp=keep_mtp, kv_cache=kv_cache)
+    if kv_cache:
+        from kq.quantize.kv_scales import check_mla
+        check_mla(source.config)
     codes = None
     if method == "gptq":
         from kq.quantize.layerwise import POLICIES, GptqConfig, gptq_expert_codes
@@ -163,3 +178,19 @@ def _prepare(src, to, out, group_size, method, clip, tp, ep, calib, calib_sample
                                   cfg=cfg)
     done = preflight(source, plan, out, opts) == "done"
     return source, plan, opts, codes, done
+
+
+def _calibrate_kv(source, calib, samples, seqlen, device, quiet):
+    """Per-layer FP8 KV-cache scales from the source model on the calibration text (kq.quantize.kv_scales)."""
+    from kq.model import LayerwiseModel
+    from kq.quantize.calibration import calibration_ids
+    from kq.quantize.kv_scales import calibrate_kv_scales
+    from kq.quantize.layerwise import reader_for
+    reader = reader_for(source)
+    ids = calibration_ids(reader.folder, reader.config, calib, samples, seqlen)
+    model = LayerwiseModel(reader, device=device)
+    if quiet:
+        return calibrate_kv_scales(model, ids)
+    with stderr.status("KV-cache scales: layer 0") as st:
+        return calibrate_kv_scales(model, ids, on_layer=lambda i, n: st.update(f"KV-cache scales: layer {i}/{n} "
+                                                                                f"of {ids.numel()} calibration tokens"))

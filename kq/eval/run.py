@@ -15,7 +15,7 @@ from kq import __version__
 from kq.checkpoint.manifest import write_json_atomic
 from kq.checkpoint.reader import CheckpointReader
 from kq.errors import KqError
-from kq.eval.compare import compare_many
+from kq.eval.compare import compare, compare_many
 from kq.model import LayerwiseModel
 from kq.model.text import read_documents, tokenize, windows
 
@@ -45,11 +45,31 @@ def check_inputs(out: Path, dtype: str, activations: str = "none") -> Checkpoint
     return reader
 
 
+def kv_cache_figures(out_reader: CheckpointReader, src: LayerwiseModel, ids, targets, *, dtype, device, batch,
+                     on_layer=None) -> dict:
+    """KL/top-1 of the quantized model against the source with an emulated FP8 KV cache, per scale mode."""
+    from kq.eval.kvcache import MODES, emulate_fp8_kv
+    from kq.quantize.kv_scales import read_scales
+    scales = read_scales(out_reader, src.num_layers)
+    out = {"scales": scales}
+    for mode in MODES:
+        if mode == "calibrated" and scales is None:
+            continue
+        q = emulate_fp8_kv(LayerwiseModel(out_reader, dtype=dtype, device=device), mode, scales)
+        r = compare(src, q, ids, targets, batch=batch, on_layer=on_layer).summary
+        out[mode] = {k: r[k] for k in ("kl", "top1", "ppl_quantized")}
+    return out
+
+
 def evaluate(out: Path, against: Path, text: Path, *, seqs: int = 48, seqlen: int = 256, batch: int = 8,
              dtype: str = "float32", device: str = "cpu", write: bool = True, source_name: str | None = None,
-             on_layer: Callable[[int, int], None] | None = None, activations: str = "none") -> dict:
+             on_layer: Callable[[int, int], None] | None = None, activations: str = "none",
+             pair_prompt: int | None = None, mtp: bool = False, kv_cache: str | None = None) -> dict:
     """activations "fp8": also the routed experts with FP8 input activations (per-token and
-    per-tensor scales, kq.eval.fp8_act), under record["activations"], beside the W4A16 figures."""
+    per-tensor scales, kq.eval.fp8_act), under record["activations"], beside the W4A16 figures;
+    pair_prompt: also run the disaggregated pair (kq.eval.pair) with this many prompt tokens per window;
+    mtp: also the MTP draft's acceptance of both checkpoints (kq.eval.mtp, one more pass of each);
+    kv_cache "fp8": also the quantized model on an emulated FP8 KV cache (kq.eval.kvcache), one run per scale."""
     out, against = Path(out), Path(against)
     out_reader = check_inputs(out, dtype, activations)
     if out.resolve() == against.resolve():
@@ -61,8 +81,22 @@ def evaluate(out: Path, against: Path, text: Path, *, seqs: int = 48, seqlen: in
         for key, mode in FP8_VARIANTS.items():
             models[key] = LayerwiseModel(out_reader, dtype=DTYPES[dtype], device=device, on_load=fp8_act_hook(mode))
     ids, targets = eval_ids(against, text, seqs, seqlen)
-    results = compare_many(src, models, ids, targets, batch=batch, on_layer=on_layer)
-    res = results["none"]
+    q = models["none"]
+    if pair_prompt is not None:
+        from kq.eval.pair import compare_pair
+        res = compare_pair(src, q, ids, targets, prompt=pair_prompt, batch=batch, on_layer=on_layer)
+        fp8 = {k: m for k, m in models.items() if k != "none"}
+        results = compare_many(src, fp8, ids, targets, batch=batch, on_layer=on_layer) if fp8 else {}
+        results["none"] = res
+    else:
+        results = compare_many(src, models, ids, targets, batch=batch, on_layer=on_layer)
+        res = results["none"]
+    if mtp:
+        from kq.eval.mtp import mtp_report
+        res.notes["mtp"] = mtp_report(src, q, ids, targets, batch=batch, on_layer=on_layer)
+    if kv_cache:
+        res.notes["kv_cache"] = kv_cache_figures(out_reader, src, ids, targets, dtype=DTYPES[dtype], device=device,
+                                                 batch=batch, on_layer=on_layer)
     record = {
         "kq_version": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -61,13 +61,15 @@ class LayerwiseModel:
         c = self.config
         return getattr(c, "n_routed_experts", None) or getattr(c, "num_local_experts", 0)
 
-    def load_layer(self, i: int, override: ExpertOverride | None = None, experts=None) -> torch.nn.Module:
+    def load_layer(self, i: int, override: ExpertOverride | None = None, experts=None, *,
+                   config=None) -> torch.nn.Module:
         """Decoder layer i on the device; with `experts`, only those routed experts are read (the
-        others' slices of the fused expert parameters are left uninitialised)."""
-        if not 0 <= i < self.num_layers:
+        others' slices of the fused expert parameters are left uninitialised); `config` builds a layer
+        the causal forward has no entry for (the MTP layer, kq.eval.mtp)."""
+        if config is None and not 0 <= i < self.num_layers:
             raise KqError(f"layer {i} is outside the model's {self.num_layers} decoder layers")
         with torch.device("meta"):
-            layer = self._Layer(self.config, i)
+            layer = self._Layer(config or self.config, i)
         sd = {}
         for key, like in layer.state_dict().items():
             dt = torch.float32 if any(m in key for m in self._fp32) else self.dtype

@@ -63,6 +63,12 @@ class Plan:
     output_bytes: int
     tp: list[TPVerdict] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)   # expert scales folded into the INT4 parts
+    # --keep-mtp: the MTP layer (index num_hidden_layers) keeps its experts as they came.
+    mtp_layer: int | None = None
+
+    @property
+    def mtp_experts(self) -> str:
+        return "kept as in the source (--keep-mtp)" if self.mtp_layer is not None else self.recipe.mtp_experts
 
     def per_gpu_bytes(self, tp: int) -> int:
         # Experts and attention/MLP linears are split TP ways in SGLang; norms, routers
@@ -70,8 +76,14 @@ class Plan:
         return math.ceil(self.output_bytes / tp)
 
 
-def classify(name: str, dtype: str) -> str:
-    if expert_match(name):
+def int4_expert(name: str, mtp_layer: int | None = None):
+    """The expert regex match of a routed expert weight kq quantizes (not the kept MTP layer's)."""
+    m = expert_match(name)
+    return m if m and (mtp_layer is None or int(m.group("layer")) < mtp_layer) else None
+
+
+def classify(name: str, dtype: str, mtp_layer: int | None = None) -> str:
+    if int4_expert(name, mtp_layer):
         return "routed expert -> int4"
     if name.endswith((".weight_scale_inv", ".weight_scale")):
         return "fp8 scale (kept)"
@@ -98,7 +110,7 @@ def working_groups(intermediate: int, tp: int) -> list[int]:
 
 
 def make_plan(source: Source, *, group_size: int | None = None, tp: int | None = None,
-              ep: int | None = None) -> Plan:
+              ep: int | None = None, keep_mtp: bool = False) -> Plan:
     cfg = source.config
     recipe = recipe_for_config(cfg)
     if recipe.source_format == "refuse":
@@ -120,8 +132,16 @@ def make_plan(source: Source, *, group_size: int | None = None, tp: int | None =
     inter = int(cfg.get(recipe.intermediate_key) or cfg.get("text_config", {}).get(recipe.intermediate_key, 0))
     n_exp = int(cfg.get(recipe.experts_key) or cfg.get("text_config", {}).get(recipe.experts_key, 0))
 
+    mtp_layer = None
+    if keep_mtp:
+        n_layers = int(cfg.get("num_hidden_layers") or cfg.get("text_config", {}).get("num_hidden_layers", 0))
+        nextn = int(cfg.get("num_nextn_predict_layers") or cfg.get("text_config", {}).get("num_nextn_predict_layers", 0))
+        if not nextn or not any((m := expert_match(n)) and int(m.group("layer")) >= n_layers for n in wm):
+            raise KqError(f"--keep-mtp: {source.name} has no MTP layer with routed experts (no expert of layer "
+                          f"{n_layers} or later)")
+        mtp_layer = n_layers
     # Which source tensors are expert weights, and which scales go with them.
-    expert_weights = {n for n in wm if expert_match(n)}
+    expert_weights = {n for n in wm if int4_expert(n, mtp_layer)}
     if not expert_weights:
         raise KqError(f"{source.name}: no routed expert weights (…mlp.experts.E.*_proj.weight) found")
     expert_scales = {}
@@ -167,7 +187,7 @@ def make_plan(source: Source, *, group_size: int | None = None, tp: int | None =
         needs = {shard}
         for name in sorted(source.index.tensors_in(shard)):
             e = source.headers[shard][name]
-            cls = classify(name, e.dtype)
+            cls = classify(name, e.dtype, mtp_layer)
             c = classes.setdefault(cls, {"tensors": 0, "source_bytes": 0, "output_bytes": 0})
             c["tensors"] += 1
             c["source_bytes"] += e.nbytes
@@ -198,4 +218,4 @@ def make_plan(source: Source, *, group_size: int | None = None, tp: int | None =
     src_b = sum(source.shard_bytes(s) for s in source.index.shards)
     out_b = sum(s.nbytes for s in shards)
     return Plan(recipe, group, shards, classes, n_exp, inter, hidden, src_b, out_b, verdicts,
-                sorted(expert_scales))
+                sorted(expert_scales), mtp_layer)

@@ -83,6 +83,8 @@ class Options:
     stream: bool = False
     activations: str = "none"    # none (W4A16) | fp8 (W4AFP8): config.json only, same tensors
     jobs: int = 1                # output shards written at once (not part of the result)
+    keep_mtp: bool = False       # the MTP layer's experts left as they came
+    kv_cache: str | None = None  # "fp8": calibrated FP8 KV-cache scales written beside the shards
     # Host tuning, from the environment by default (benchmarks/rtn.py A/Bs them; not part of the result)
     gpu_workers: int = field(default_factory=lambda: _env_number("KQ_GPU_WORKERS", GPU_WORKERS))
     switch_us: float = field(default_factory=lambda: _env_number("KQ_SWITCH_INTERVAL_US",
@@ -93,7 +95,8 @@ class Options:
         key = {"method": self.method, "group_size": self.group_size, "clip": self.clip,
                "source_index": hashlib.sha256(json.dumps(source.index.weight_map, sort_keys=True).encode()).hexdigest(),
                "source_config": hashlib.sha256(json.dumps(source.config, sort_keys=True).encode()).hexdigest(),
-               "kq_format": 1}
+               "kq_format": 1, **({"keep_mtp": True} if self.keep_mtp else {}),
+               **({"kv_cache": self.kv_cache} if self.kv_cache else {})}
         if self.activations != "none":  # absent for W4A16, so earlier runs still resume
             key["activations"] = self.activations
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -181,7 +184,9 @@ def default_device() -> torch.device:
 def run_quantize(source: Source, plan: Plan, out: Path, opts: Options, *,
                  device: torch.device | None = None, progress: Progress | None = None,
                  expert_codes: ExpertCodes | None = None,
-                 after_shard: Callable[[str], None] | None = None) -> dict:
+                 after_shard: Callable[[str], None] | None = None,
+                 kv_scales: dict[int, float] | None = None) -> dict:
+    """kv_scales: {layer: FP8 KV-cache scale} (kq.quantize.kv_scales) to write with the checkpoint."""
     out = Path(out)
     device = device or default_device()
     fp = opts.fingerprint(source)
@@ -266,7 +271,7 @@ def run_quantize(source: Source, plan: Plan, out: Path, opts: Options, *,
     if PROFILE.on:
         prof = PROFILE.summary() | {"jobs": opts.jobs, "shards": len(pending)}
         print(Profile.line(prof) + f"; {len(pending)} shards, jobs {opts.jobs}", file=sys.stderr, flush=True)
-    summary = finish(source, plan, out, opts, fp, state, seconds)
+    summary = finish(source, plan, out, opts, fp, state, seconds, kv_scales)
     if prof is not None:
         summary["profile"] = prof
     return summary
@@ -381,9 +386,14 @@ def _write_shard(source: Source, sp, final: Path, paths: dict, expert_codes: Exp
         wpool.shutdown(wait=True)
 
 
-def output_config(source: Source, plan: Plan, activations: str = "none") -> dict:
+def plan_prefix(source: Source) -> str:
+    return "language_model." if "language_model.model.embed_tokens.weight" in source.index.weight_map else ""
+
+
+def output_config(source: Source, plan: Plan, activations: str = "none", kv_cache: bool = False) -> dict:
     """The output's config.json: the source's, with kq's compressed-tensors quantization_config
-    (activations: the INT4 group's input activations, none or fp8)."""
+    (activations: the INT4 group's input activations, none or fp8; kv_cache: FP8 KV-cache scales are
+    written beside the shards, so the config names the kv_cache_scheme SGLang reads them by)."""
     from kq.checkpoint.ct_config import build_quantization_config  # imports transformers: only when needed
     config = dict(source.config)
     kept = {t.name: t for sp in plan.shards for t in sp.tensors if t.action == "copy"}
@@ -392,15 +402,30 @@ def output_config(source: Source, plan: Plan, activations: str = "none") -> dict
                           and not n.endswith("embed_tokens.weight"))
     config["quantization_config"] = build_quantization_config(
         source.config, group_size=plan.group_size, source_format=plan.recipe.source_format,
-        bf16_linears=bf16_linears, has_fp8=any(t.dtype in FP8 for t in kept.values()), activations=activations)
+        bf16_linears=bf16_linears, has_fp8=any(t.dtype in FP8 for t in kept.values()), activations=activations,
+        mtp_layer=plan.mtp_layer)
+    if kv_cache:
+        from kq.quantize.kv_scales import KV_CACHE_SCHEME
+        config["quantization_config"]["kv_cache_scheme"] = dict(KV_CACHE_SCHEME)
     return config
 
 
-def finish(source: Source, plan: Plan, out: Path, opts: Options, fp: str, state: dict, seconds: float) -> dict:
+def finish(source: Source, plan: Plan, out: Path, opts: Options, fp: str, state: dict, seconds: float,
+           kv_scales: dict[int, float] | None = None) -> dict:
     """Index, config, copied files, then the manifest (last: it marks the folder finished)."""
     weight_map = {t.name: sp.name for sp in plan.shards for t in sp.tensors}
-    write_json_atomic(out / INDEX_NAME, {"metadata": {"total_size": plan.output_bytes}, "weight_map": weight_map})
-    write_json_atomic(out / "config.json", output_config(source, plan, opts.activations))
+    tensors = {t.name: {"dtype": t.dtype, "shape": list(t.shape), "file": sp.name} for sp in plan.shards for t in sp.tensors}
+    total = plan.output_bytes
+    if kv_scales:
+        from kq.quantize.kv_scales import write_scales
+        written = write_scales(out, kv_scales, plan_prefix(source))
+        state["shards"][written["file"]] = {"sha256": written["sha256"], "size": written["size"]}
+        for name in written["tensors"]:
+            weight_map[name] = written["file"]
+            tensors[name] = {"dtype": "F32", "shape": [], "file": written["file"]}
+        total += written["nbytes"]
+    write_json_atomic(out / INDEX_NAME, {"metadata": {"total_size": total}, "weight_map": weight_map})
+    write_json_atomic(out / "config.json", output_config(source, plan, opts.activations, kv_cache=bool(kv_scales)))
     source.copy_extras(out)
     files = {name: {"sha256": rec["sha256"], "size": rec["size"]} for name, rec in state["shards"].items()}
     from kq.checkpoint.manifest import sha256_file
@@ -412,14 +437,14 @@ def finish(source: Source, plan: Plan, out: Path, opts: Options, fp: str, state:
         "source": {"name": source.name, "repo_id": source.repo_id, "revision": source.revision,
                    "family": plan.recipe.family, "model_type": source.config.get("model_type")},
         "options": {"method": opts.method, "group_size": plan.group_size, "clip": opts.clip if opts.method == "rtn" else None,
-                    "mtp_experts": plan.recipe.mtp_experts, "activations": opts.activations},
+                    "mtp_experts": plan.mtp_experts, "activations": opts.activations,
+                    **({"kv_cache": opts.kv_cache} if opts.kv_cache else {})},
         "sizes": {"source_bytes": plan.source_bytes, "output_bytes": plan.output_bytes,
                   "per_gpu_bytes_tp8": plan.per_gpu_bytes(8)},
         "classes": plan.classes,
         "run": {"fingerprint": fp},
         "files": dict(sorted(files.items())),
-        "tensors": {t.name: {"dtype": t.dtype, "shape": list(t.shape), "file": sp.name}
-                    for sp in plan.shards for t in sp.tensors},
+        "tensors": tensors,
     }
     write_json_atomic(out / MANIFEST_NAME, manifest)
     shutil.rmtree(out / WORK_DIR, ignore_errors=True)
