@@ -56,9 +56,10 @@ class Endpoint:
     def close(self) -> None:
         self._client.close()
 
-    def _request(self, method: str, path: str, body: dict | None = None) -> dict:
+    def _request(self, method: str, path: str, body: dict | None = None, retries: int | None = None) -> dict:
         last = ""
-        for attempt in range(self.retries + 1):
+        retries = self.retries if retries is None else retries
+        for attempt in range(retries + 1):
             if attempt:
                 time.sleep(min(0.5 * 2 ** (attempt - 1), 4.0))
             try:
@@ -78,18 +79,18 @@ class Endpoint:
                 return r.json()
             except ValueError:
                 raise KqError(f"{self.url}: {path} did not answer JSON (is this an OpenAI-compatible server?)")
-        raise KqError(f"{self.url}: {last} (after {self.retries + 1} tries)")
+        raise KqError(f"{self.url}: {last} (after {retries + 1} tries)")
 
     def served_model(self) -> str | None:
         """The model name to send: --model-a/--model-b, else the first id /v1/models lists, else none
         (servers that serve one model accept requests without it)."""
         if self.model is None:
             try:
-                data = self._request("GET", "/models").get("data") or []
+                # Optional endpoint (transformers serve answers it with HTTP 500): no retries.
+                data = self._request("GET", "/models", retries=0).get("data") or []
                 self.model = data[0].get("id") if data else None
-            except KqError as e:
-                if "cannot connect" in str(e) or "no answer" in str(e):
-                    raise
+            except KqError:
+                pass  # an unreachable server is reported, with retries, by the first completion request
         return self.model
 
     def complete(self, prompt: str, *, max_tokens: int, top_k: int | None) -> Completion:
