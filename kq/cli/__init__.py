@@ -26,7 +26,8 @@ def _register() -> None:
     app.command("verify")(verify.verify)
     # Commands whose modules may be absent in a partial install register themselves here.
     for mod, name, fn in (("kq.cli.eval", "eval", "eval_cmd"), ("kq.cli.shard", "shard", "shard"),
-                          ("kq.cli.publish", "publish", "publish"), ("kq.cli.card", "card", "card"), ("kq.cli.config_cmd", "config", "config")):
+                          ("kq.cli.publish", "publish", "publish"), ("kq.cli.card", "card", "card"),
+                          ("kq.cli.config_cmd", "config", "config"), ("kq.cli.compare", "compare", "compare_cmd")):
         try:
             m = __import__(mod, fromlist=[fn])
         except ImportError:
