@@ -20,7 +20,9 @@ def quantize(
                                                                    "same options is resumed). Default: ./<name>-kq-int4"),
     group_size: Optional[int] = typer.Option(None, "--group-size", "-g", help="INT4 group size: 32, 64 or 128. "
                                              "Default: the family's (valid at TP 8)."),
-    method: str = typer.Option("rtn", "--method", help="rtn (data-free, fast) or gptq (calibrated, layer by layer)."),
+    method: str = typer.Option("rtn", "--method", help="rtn (data-free, fast); gptq, awq or awq+gptq (calibrated, layer by layer; "
+                                   "awq: activation-aware down-projection scales folded into up_proj, then an "
+                                   "activation-weighted clip search; awq+gptq: the same scales, then GPTQ)."),
     clip: str = typer.Option("mse", "--clip", help="RTN clipping: mse (per-group search, default) or absmax."),
     tp: Optional[int] = typer.Option(None, "--tp", help="Refuse up front unless the result loads at this tensor-parallel degree."),
     ep: Optional[int] = typer.Option(None, "--ep", help="Refuse up front unless the experts split over this expert-parallel degree."),
@@ -63,7 +65,8 @@ def quantize(
     Examples:\n
       kq quantize demo --out /tmp/demo\n
       kq quantize glm-5.2 --out ./GLM-5.2-INT4 --stream\n
-      kq quantize ./Kimi-K2-Instruct --group-size 32 --tp 8 --out ./k2-int4
+      kq quantize ./Kimi-K2-Instruct --group-size 32 --tp 8 --out ./k2-int4\n
+      kq quantize glm-5.2 --method awq+gptq --calib calib.txt --out ./GLM-5.2-INT4-AWQ
     """
     import torch
 
@@ -71,14 +74,18 @@ def quantize(
     from kq.quantize.run import Options, check_tuning_env, preflight, run_quantize
 
     require(to == "int4", f"--to {to}: only int4 is supported")
-    require(method in ("rtn", "gptq"), f"--method {method}: use rtn or gptq")
+    require(method in ("rtn", "gptq", "awq", "awq+gptq"), f"--method {method}: use rtn, gptq, awq or awq+gptq")
     require(clip in ("mse", "absmax"), f"--clip {clip}: use mse or absmax")
     require(device in ("auto", "cpu", "cuda"), f"--device {device}: use auto, cpu or cuda")
     check_tuning_env()
     if device == "cuda" and not torch.cuda.is_available():
         raise KqError("--device cuda: no CUDA GPU is visible")
-    if method == "gptq":
-        require(calib is not None, "--method gptq needs --calib FILE (calibration text, or a Hub dataset org/name)")
+    if method == "awq":
+        given = [o for o, v in (("--gptq-damp", gptq_damp is not None), ("--gptq-clip", gptq_clip != "mse"),
+                                ("--gptq-asym", gptq_asym), ("--gptq-refit-scales", gptq_refit)) if v]
+        require(not given, f"{', '.join(given)}: GPTQ options; use them with --method gptq or awq+gptq")
+    if method != "rtn":
+        require(calib is not None, f"--method {method} needs --calib FILE (calibration text, or a Hub dataset org/name)")
         from kq.quantize.calibration import resolve_calib
         resolve_calib(calib)  # fail (or download) before any model work
     out = out or default_out(src)
@@ -90,11 +97,18 @@ def quantize(
     opts = Options(method=method, group_size=plan.group_size, clip=clip, stream=stream,
                    jobs=jobs or (8 if dev.type == "cuda" else 1))
     codes = None
-    if method == "gptq":
+    if method != "rtn":
         from kq.quantize.layerwise import POLICIES, GptqConfig, gptq_expert_codes
         require(calib_policy in POLICIES, f"--calib-policy {calib_policy}: use one of {', '.join(POLICIES)}")
-        cfg = GptqConfig(group=plan.group_size, policy=calib_policy, damp=gptq_damp, refit=gptq_refit, clip=gptq_clip,
-                         asym=gptq_asym)
+        gptq_opts = dict(damp=gptq_damp, refit=gptq_refit, clip=gptq_clip, asym=gptq_asym)
+        if method == "gptq":
+            cfg = GptqConfig(group=plan.group_size, policy=calib_policy, **gptq_opts)
+        else:
+            from kq.quantize.awq import AwqConfig
+            # only the GPTQ options given go into the config (and so into the resume fingerprint)
+            given = {k: v for k, v in gptq_opts.items() if v not in (None, False, "mse")}
+            cfg = AwqConfig(method=method, group=plan.group_size, policy=calib_policy,
+                            gptq=given if method == "awq+gptq" else {})
         codes = gptq_expert_codes(source, plan, out, calib=calib, samples=calib_samples, seqlen=calib_seqlen, device=dev,
                                   cfg=cfg)
     if preflight(source, plan, out, opts) == "done":

@@ -195,6 +195,16 @@ def quantize_experts(layer, X: torch.Tensor, cfg: GptqConfig) -> tuple[dict, dic
     return out, {"tokens": counts, "rare": rare, "rtn_fallback": fallback}
 
 
+def solve_experts(layer, X: torch.Tensor, cfg) -> tuple[dict, dict]:
+    """The per-layer point of the layer-wise runner: quantize one layer's routed experts from its MoE
+    inputs X [T, H] with the method the config names (GptqConfig: GPTQ, kq.quantize.awq.AwqConfig: AWQ
+    or AWQ+GPTQ); both return quantize_experts' results and stats."""
+    from kq.quantize.awq import AwqConfig, awq_quantize_experts
+    if isinstance(cfg, AwqConfig):
+        return awq_quantize_experts(layer, X, cfg)
+    return quantize_experts(layer, X, cfg)
+
+
 def _asym_target(wd: torch.Tensor, x: torch.Tensor, wgu: torch.Tensor, a: torch.Tensor, h: torch.Tensor, act,
                  r: torch.Tensor | None, damp: float) -> torch.Tensor:
     """The down weights GPTQ should aim at when its inputs a [T, I] come from the quantized gate/up but the
@@ -287,7 +297,7 @@ def fingerprint(model: LayerwiseModel, ids: torch.Tensor, cfg: GptqConfig) -> st
     h.update(json.dumps(model.reader.config, sort_keys=True).encode())
     c = asdict(cfg)
     for opt in ("refit", "asym"):
-        if not c[opt]:
+        if opt in c and not c[opt]:
             del c[opt]   # work folders of runs from before the option resume as before
     h.update(json.dumps(c, sort_keys=True).encode())
     h.update(ids.numpy().tobytes())
@@ -333,7 +343,7 @@ def gptq_quantize_layers(model: LayerwiseModel, calib_ids: torch.Tensor, cfg: Gp
         res: dict = {}
         if hasattr(layer.mlp, "experts"):
             X = _moe_inputs(model, layer, hidden, carry)
-            res, stats = quantize_experts(layer, X, cfg)
+            res, stats = solve_experts(layer, X, cfg)
             del X
             _set_experts(layer, res, cfg.group)
         for b in range(len(hidden)):
