@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kq.errors import KqError
-from kq.quantize.rtn import _TINY, MSE_DIVISORS, quantize_rtn
+from kq.quantize.rtn import _TINY, MSE_DIVISORS, group_scale, quantize_rtn
 
 METHODS = ("awq", "awq+gptq")
 _S_MIN = 1e-4  # a channel that never fires gets this mean activation (its scale stays finite)
@@ -98,23 +98,29 @@ def fold(wgu: torch.Tensor, wd: torch.Tensor, s: torch.Tensor) -> tuple[torch.Te
 
 
 @torch.no_grad()
-def search_scale(wd: torch.Tensor, m: torch.Tensor, G: torch.Tensor, group: int, grid: int) -> tuple[torch.Tensor, float]:
+def search_scale(wd: torch.Tensor, m: torch.Tensor, G: torch.Tensor, group: int, grid: int,
+                 max_elems: int = 1 << 26) -> tuple[torch.Tensor, float]:
     """wd [H, I] (down), m [I] mean |h|, G [I, I] = h^T h -> (s [I] float32, chosen alpha).
 
     The s = m^alpha (normalised by sqrt(max * min)) of the grid whose RTN-quantized W_down * s leaves
-    the least down output error tr(D G D^T), D = W_down - Q(W_down * s) / s. First minimum on ties."""
+    the least down output error tr(D G D^T), D = W_down - Q(W_down * s) / s. First minimum on ties.
+    Candidates are scored several at a time (at most max_elems weights at once)."""
+    n_out, n_in = wd.shape
     m = m.float().clamp(min=_S_MIN)
-    best = (None, None, 0.0)
-    for k in range(grid):
-        alpha = k / grid
-        s = m.pow(alpha)
-        s = s / (s.max() * s.min()).sqrt()
-        q, sc = quantize_rtn(wd * s[None, :], group, "mse")
-        D = wd - _dequant(q, sc, group) / s[None, :]
-        err = float(((D @ G) * D).sum())
-        if best[0] is None or err < best[0]:
-            best = (err, s, alpha)
-    return best[1], best[2]
+    alphas = torch.arange(grid, dtype=torch.float32, device=wd.device) / grid
+    S = m[None, :].pow(alphas[:, None])                                            # [C, I]
+    S = S / (S.amax(-1, keepdim=True) * S.amin(-1, keepdim=True)).sqrt()
+    errs = []
+    step = max(1, max_elems // wd.numel())
+    for c0 in range(0, grid, step):
+        s = S[c0:c0 + step, None, :]                                               # [c, 1, I]
+        ws = (wd[None] * s).view(-1, n_in // group, group)                         # [c*H, G, g]
+        sc = group_scale(ws, "mse")                                                # kq's RTN (MSE clipping)
+        q = (ws / sc).round().clamp(-8, 7) * sc
+        D = wd[None] - q.view(-1, n_out, n_in) / s                                 # [c, H, I]
+        errs.append(((D @ G) * D).sum((-1, -2)))
+    best = int(torch.cat(errs).argmin())                                            # first on ties
+    return S[best], best / grid
 
 
 @torch.no_grad()
