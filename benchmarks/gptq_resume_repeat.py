@@ -26,6 +26,11 @@ suggested one of the two OpenMP threads computing differently, e.g. flush-to-zer
 mode); but denormals play no part here: layer 0's saved output (`acts-0001`, gptq_quantize_layers
 stopped after layer 0 in one process) hashes the same with and without torch.set_flush_denormal(True),
 at 2 threads and at 1 (where all of the work runs in the thread that set it), and holds no denormal.
+2026-12-02 (2-core machine at load 12-16 from other work): two suspects ruled out. Torch compute
+from a second Python thread during the killed run (a thread looping 256x256 matmuls + sum from before
+the GPTQ pass starts, so both threads issue OpenMP/MKL work at once): 34 of 34 kills gave the usual
+acts-0001. Input alignment: layer 0's forward on its inputs copied to 256 different 16-byte offsets
+(0-4080 bytes mod 4096) gave one output and one carry. The cause is still open.
 """
 from __future__ import annotations
 

@@ -137,6 +137,12 @@ from transformers import AutoModelForCausalLM
 from llmcompressor import oneshot
 from llmcompressor.modifiers.quantization import QuantizationModifier
 from llmcompressor.modifiers.transform.awq import AWQMapping, AWQModifier
+from llmcompressor.pipelines.cache import IntermediatesCache
+if not torch.accelerator.is_available():
+    # 0.14.0.1's AWQ pins its CPU activation cache for faster host-to-device copies, which raises
+    # "Cannot access accelerator device when none is available" on a CPU-only torch; no copy happens
+    # without an accelerator, so the pinning is skipped (no effect on the numbers).
+    IntermediatesCache._pin_intermediate = classmethod(lambda cls, intermediate: None)
 src, out, calib, group, mappings = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 ids = torch.tensor(json.load(open(calib)))
 model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
