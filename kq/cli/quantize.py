@@ -20,7 +20,9 @@ def quantize(
                                                                    "same options is resumed). Default: ./<name>-kq-int4"),
     group_size: Optional[int] = typer.Option(None, "--group-size", "-g", help="INT4 group size: 32, 64 or 128. "
                                              "Default: the family's (valid at TP 8)."),
-    method: str = typer.Option("rtn", "--method", help="rtn (data-free, fast) or gptq (calibrated, layer by layer)."),
+    method: str = typer.Option("rtn", "--method", help="rtn (data-free, fast); gptq, awq or awq+gptq (calibrated, layer by layer; "
+                                   "awq: activation-aware down-projection scales folded into up_proj, then an "
+                                   "activation-weighted clip search; awq+gptq: the same scales, then GPTQ)."),
     clip: str = typer.Option("mse", "--clip", help="RTN clipping: mse (per-group search, default) or absmax."),
     tp: Optional[int] = typer.Option(None, "--tp", help="Refuse up front unless the result loads at this tensor-parallel degree."),
     ep: Optional[int] = typer.Option(None, "--ep", help="Refuse up front unless the experts split over this expert-parallel degree."),
@@ -78,7 +80,8 @@ def quantize(
       kq quantize ./Kimi-K2-Instruct --group-size 32 --tp 8 --out ./k2-int4\n
       torchrun --nproc-per-node 8 -m kq quantize ./GLM-5.2-FP8 --method gptq --calib data.jsonl --out ./g52-gptq\n
       kq quantize glm-5.2 --group-size 128 --activations fp8 --out ./GLM-5.2-W4AFP8\n
-      kq quantize glm-5.2 --out ./GLM-5.2-INT4-mtp8 --keep-mtp   # FP8 draft experts
+      kq quantize glm-5.2 --out ./GLM-5.2-INT4-mtp8 --keep-mtp   # FP8 draft experts\n
+      kq quantize glm-5.2 --method awq+gptq --calib calib.txt --out ./GLM-5.2-INT4-AWQ
     """
     import torch
 
@@ -141,7 +144,7 @@ def _prepare(src, to, out, group_size, method, clip, tp, ep, calib, calib_sample
     from kq.quantize.run import Options, check_tuning_env, preflight
 
     require(to == "int4", f"--to {to}: only int4 is supported")
-    require(method in ("rtn", "gptq"), f"--method {method}: use rtn or gptq")
+    require(method in ("rtn", "gptq", "awq", "awq+gptq"), f"--method {method}: use rtn, gptq, awq or awq+gptq")
     require(clip in ("mse", "absmax"), f"--clip {clip}: use mse or absmax")
     require(device in ("auto", "cpu", "cuda"), f"--device {device}: use auto, cpu or cuda")
     from kq.checkpoint.ct_config import FP8_ACTIVATION_GROUP, check_activations
@@ -153,8 +156,12 @@ def _prepare(src, to, out, group_size, method, clip, tp, ep, calib, calib_sample
     require(gptq_expert_chunk >= 1, f"--gptq-expert-chunk {gptq_expert_chunk}: use 1 or more")
     require(kv_cache in (None, "fp8"), f"--kv-cache {kv_cache}: only fp8 is supported")
     require(kv_cache is None or calib is not None, "--kv-cache fp8 needs --calib FILE (calibration text)")
-    if method == "gptq" or kv_cache:
-        require(calib is not None, "--method gptq needs --calib FILE (calibration text, or a Hub dataset org/name)")
+    if method == "awq":
+        given = [o for o, v in (("--gptq-damp", gptq_damp is not None), ("--gptq-clip", gptq_clip != "mse"),
+                                ("--gptq-asym", gptq_asym), ("--gptq-refit-scales", gptq_refit)) if v]
+        require(not given, f"{', '.join(given)}: GPTQ options; use them with --method gptq or awq+gptq")
+    if method != "rtn" or kv_cache:
+        require(calib is not None, f"--method {method} needs --calib FILE (calibration text, or a Hub dataset org/name)")
         from kq.quantize.calibration import resolve_calib
         resolve_calib(calib)  # fail (or download) before any model work
     out = out or default_out(src)
@@ -169,11 +176,18 @@ def _prepare(src, to, out, group_size, method, clip, tp, ep, calib, calib_sample
         from kq.quantize.kv_scales import check_mla
         check_mla(source.config)
     codes = None
-    if method == "gptq":
+    if method != "rtn":
         from kq.quantize.layerwise import POLICIES, GptqConfig, gptq_expert_codes
         require(calib_policy in POLICIES, f"--calib-policy {calib_policy}: use one of {', '.join(POLICIES)}")
-        cfg = GptqConfig(group=plan.group_size, policy=calib_policy, damp=gptq_damp, refit=gptq_refit, clip=gptq_clip,
-                         asym=gptq_asym, expert_chunk=gptq_expert_chunk)
+        gptq_opts = dict(damp=gptq_damp, refit=gptq_refit, clip=gptq_clip, asym=gptq_asym)
+        if method == "gptq":
+            cfg = GptqConfig(group=plan.group_size, policy=calib_policy, expert_chunk=gptq_expert_chunk, **gptq_opts)
+        else:
+            from kq.quantize.awq import AwqConfig
+            # only the GPTQ options given go into the config (and so into the resume fingerprint)
+            given = {k: v for k, v in gptq_opts.items() if v not in (None, False, "mse")}
+            cfg = AwqConfig(method=method, group=plan.group_size, policy=calib_policy,
+                            gptq=given if method == "awq+gptq" else {})
         codes = gptq_expert_codes(source, plan, out, calib=calib, samples=calib_samples, seqlen=calib_seqlen, device=dev,
                                   cfg=cfg)
     done = preflight(source, plan, out, opts) == "done"

@@ -223,6 +223,17 @@ def n_chunks(n_experts: int, cfg: GptqConfig) -> int:
     return -(-n_experts // cfg.expert_chunk)
 
 
+def solve_experts(layer, X: torch.Tensor, cfg) -> tuple[dict, dict]:
+    """The per-layer point of the layer-wise runner: quantize one layer's routed experts from its MoE
+    inputs X [T, H] with the method the config names (GptqConfig: GPTQ, split across torchrun ranks by
+    solve_layer_experts; kq.quantize.awq.AwqConfig: AWQ or AWQ+GPTQ, which every rank still solves
+    whole: the same bytes, no speed-up under torchrun yet); both return quantize_experts' results and stats."""
+    from kq.quantize.awq import AwqConfig, awq_quantize_experts
+    if isinstance(cfg, AwqConfig):
+        return awq_quantize_experts(layer, X, cfg)
+    return solve_layer_experts(layer, X, cfg)
+
+
 def _asym_target(wd: torch.Tensor, x: torch.Tensor, wgu: torch.Tensor, a: torch.Tensor, h: torch.Tensor, act,
                  r: torch.Tensor | None, damp: float) -> torch.Tensor:
     """The down weights GPTQ should aim at when its inputs a [T, I] come from the quantized gate/up but the
@@ -327,7 +338,7 @@ def fingerprint(model: LayerwiseModel, ids: torch.Tensor, cfg: GptqConfig) -> st
     h.update(json.dumps(model.reader.config, sort_keys=True).encode())
     c = asdict(cfg)
     for opt in ("refit", "asym"):
-        if not c[opt]:
+        if opt in c and not c[opt]:
             del c[opt]   # work folders of runs from before the option resume as before
     h.update(json.dumps(c, sort_keys=True).encode())
     h.update(ids.numpy().tobytes())
@@ -387,7 +398,7 @@ def gptq_quantize_layers(model: LayerwiseModel, calib_ids: torch.Tensor, cfg: Gp
         res: dict = {}
         if hasattr(layer.mlp, "experts"):
             X = _moe_inputs(model, layer, hidden, carry)
-            res, stats = solve_layer_experts(layer, X, cfg)
+            res, stats = solve_experts(layer, X, cfg)
             del X
             _set_experts(layer, res, cfg.group)
         _propagate(model, layer, hidden, carry)

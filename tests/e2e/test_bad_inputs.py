@@ -161,7 +161,7 @@ def test_output_folder_holding_a_different_run(tmp_path, small_glm5, small_glm5_
 
 
 def test_bad_option_values(tmp_path, small_glm5):
-    for args, msg in ((["--to", "int8"], "--to int8: only int4"), (["--method", "awq"], "--method awq: use rtn or gptq"),
+    for args, msg in ((["--to", "int8"], "--to int8: only int4"), (["--method", "smooth"], "--method smooth: use rtn, gptq, awq or awq+gptq"),
                       (["--clip", "max"], "--clip max: use mse or absmax"), (["--method", "gptq"], "needs --calib")):
         r = run_kq("quantize", small_glm5, "--out", tmp_path / "o", *args)
         assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr

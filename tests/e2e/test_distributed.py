@@ -23,6 +23,9 @@ METHODS = {
     "rtn": ["--group-size", "32", "--device", "cpu"],
     "gptq": ["--method", "gptq", "--calib", "{calib}", "--calib-samples", "24", "--calib-seqlen", "32",
              "--gptq-expert-chunk", "1", "--group-size", "32", "--device", "cpu"],
+    # AWQ is not split across ranks yet (every rank solves every expert), but the windows are: same bytes.
+    "awq": ["--method", "awq", "--calib", "{calib}", "--calib-samples", "24", "--calib-seqlen", "32",
+            "--group-size", "32", "--device", "cpu"],
 }
 
 
