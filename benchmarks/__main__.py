@@ -4,7 +4,11 @@
     python -m benchmarks gptq [ARGS]       gptq_layer_gpu.py: kq's GPTQ on one full-size GLM-5.2 layer
     python -m benchmarks kernels [ARGS]    bench_kernels.py, then kernel_table.py's tables of its rows
     python -m benchmarks kernels --table ROWS...   kernel_table.py only, on rows already written
-    python -m benchmarks quality [ARGS]    quality.py: KL / top-1 / perplexity of kq and llm-compressor
+    python -m benchmarks gptq-dist [ARGS]  gptq_dist_gpu.py: one torchrun rank's GPTQ stages, projected to N GPUs
+    python -m benchmarks w4a8 [ARGS]       w4a8_bench.py: the W4A8 prefill MoE against SGLang's FP8 MoE and kq W4A16
+    python -m benchmarks quality [ARGS]    quality.py: KL / top-1 / perplexity of kq and llm-compressor (GPTQ, AWQ)
+    python -m benchmarks w4afp8 [ARGS]     w4afp8_quality.py: the KL cost of FP8 expert activations
+    python -m benchmarks decode [ARGS]     decode_pool.py: pair eval, MTP acceptance, FP8 KV cache
     python -m benchmarks sglang [ARGS]     sglang_check.py: kq's SGLang plugin against SGLang's Marlin MoE,
                                            per-rank loading
 
@@ -27,7 +31,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-SCRIPTS = {"rtn": "rtn.py", "gptq": "gptq_layer_gpu.py", "kernels": "bench_kernels.py", "quality": "quality.py",
+SCRIPTS = {"rtn": "rtn.py", "gptq": "gptq_layer_gpu.py", "gptq-dist": "gptq_dist_gpu.py", "kernels": "bench_kernels.py",
+           "w4a8": "w4a8_bench.py", "quality": "quality.py", "w4afp8": "w4afp8_quality.py", "decode": "decode_pool.py",
            "sglang": "sglang_check.py"}
 PACKAGES = ("torch", "triton", "transformers", "safetensors", "compressed-tensors", "llmcompressor", "sglang")
 

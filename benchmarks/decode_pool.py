@@ -2,6 +2,7 @@
 the FP8 KV cache with and without calibrated scales (issue #24's figures for BENCHMARKS.md).
 
     python benchmarks/decode_pool.py [--groups 32 128] [--seqs 16] [--seqlen 256] [--prompt 128] [--out F.json]
+    python benchmarks/decode_pool.py --table benchmarks/results/decode_pool_tiny_cpu.json
 
 For each group: `kq quantize` (RTN, default MSE clip) with `--kv-cache fp8` (scales calibrated on
 shared/data/calibration_text.txt.gz, --calib-samples x 256 tokens), and again with `--keep-mtp`; then, over the
@@ -40,6 +41,20 @@ def quantize(out: Path, group: int, *extra: str) -> Path:
     return out
 
 
+def table(res: dict) -> None:
+    """The table BENCHMARKS.md shows, from a run's results (also `--table F.json` on saved ones)."""
+    print(f"\n{res['tokens']} tokens of the eval text, prompt {res['prompt']}; KL nats/token, top-1 %")
+    print("| group | plain KL | continuation KL alone | pair | top-1 alone | pair | MTP accept src | INT4 | keep-mtp "
+          "| KV none KL | fp8 s=1 | fp8 calibrated | fp8 per-128 |")
+    for g, r in res["groups"].items():
+        p, m, kv = r["pair"], r["mtp"], r["kv_cache"]
+        print(f"| {g} | {r['plain']['kl']:.4f} | {p['alone']['kl']:.4f} | {p['pair']['kl']:.4f} | "
+              f"{p['alone']['top1'] * 100:.1f} | {p['pair']['top1'] * 100:.1f} | "
+              f"{m['source']['acceptance'] * 100:.1f} | {m['quantized']['acceptance'] * 100:.1f} | "
+              f"{r['mtp_keep']['acceptance'] * 100:.1f} | {r['plain']['kl']:.4f} | {kv['scale-1']['kl']:.4f} | "
+              f"{kv['calibrated']['kl']:.4f} | {kv['block-128']['kl']:.4f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--groups", type=int, nargs="+", default=[32, 128])
@@ -48,7 +63,11 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--calib-samples", type=int, default=64, help="KV-scale calibration windows of 256 tokens")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--table", type=Path, help="only print the table of saved results (an --out file)")
     a = ap.parse_args()
+    if a.table:
+        table(json.loads(a.table.read_text()))
+        return
     sys.path.insert(0, str(REPO))
     import torch
 
@@ -77,16 +96,7 @@ def main() -> None:
             res["groups"][g] = {"plain": pair.summary, "pair": pair.notes["pair"], "mtp": mtp, "mtp_keep": kept,
                                 "kv_cache": kv, "seconds": round(time.time() - t0, 1)}
             print(json.dumps({g: res["groups"][g]}), flush=True)
-    print(f"\n{res['tokens']} tokens of the eval text, prompt {a.prompt}; KL nats/token, top-1 %")
-    print("| group | plain KL | continuation KL alone | pair | top-1 alone | pair | MTP accept src | INT4 | keep-mtp "
-          "| KV none KL | fp8 s=1 | fp8 calibrated | fp8 per-128 |")
-    for g, r in res["groups"].items():
-        p, m, kv = r["pair"], r["mtp"], r["kv_cache"]
-        print(f"| {g} | {r['plain']['kl']:.4f} | {p['alone']['kl']:.4f} | {p['pair']['kl']:.4f} | "
-              f"{p['alone']['top1'] * 100:.1f} | {p['pair']['top1'] * 100:.1f} | "
-              f"{m['source']['acceptance'] * 100:.1f} | {m['quantized']['acceptance'] * 100:.1f} | "
-              f"{r['mtp_keep']['acceptance'] * 100:.1f} | {r['plain']['kl']:.4f} | {kv['scale-1']['kl']:.4f} | "
-              f"{kv['calibrated']['kl']:.4f} | {kv['block-128']['kl']:.4f} |")
+    table(res)
     if a.out:
         a.out.write_text(json.dumps(res, indent=1))
 
