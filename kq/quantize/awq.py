@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kq.errors import KqError
-from kq.quantize.rtn import _TINY, MSE_DIVISORS, group_scale, quantize_rtn
+from kq.quantize.rtn import _TINY, group_scale, quantize_rtn, search_divisors
 
 METHODS = ("awq", "awq+gptq")
 _S_MIN = 1e-4  # a channel that never fires gets this mean activation (its scale stays finite)
@@ -138,17 +138,11 @@ def clip_quantize(W: torch.Tensor, H: torch.Tensor, group: int) -> tuple[torch.T
     Hb = H.float().view(-1, G, group, G, group)[:, idx, :, idx, :]                  # [G, E|1, g, g]
     Hb = Hb.permute(1, 0, 2, 3)                                                     # [E|1, G, g, g]
     amax = Wg.abs().amax(-1, keepdim=True).clamp(min=_TINY)                        # [E, G, out, 1]
-    best_s = best_err = None
-    for d in MSE_DIVISORS:
-        s = (amax / d).to(torch.bfloat16).to(torch.float32)
+
+    def error(s):
         D = Wg - (Wg / s).round().clamp(-8, 7) * s                                  # [E, G, out, g]
-        err = ((D @ Hb) * D).sum(-1, keepdim=True)                                  # [E, G, out, 1]
-        if best_s is None:
-            best_s, best_err = s, err
-        else:
-            better = err < best_err
-            best_s = torch.where(better, s, best_s)
-            best_err = torch.minimum(err, best_err)
+        return ((D @ Hb) * D).sum(-1, keepdim=True)                                 # [E, G, out, 1]
+    best_s = search_divisors(amax, error)
     q = (Wg / best_s).round().clamp(-8, 7).to(torch.int8)
     q = q.permute(0, 2, 1, 3).reshape(E, n_out, n_in)
     return q, best_s[..., 0].permute(0, 2, 1).to(torch.bfloat16).contiguous()

@@ -35,10 +35,17 @@ def group_scale(wg: torch.Tensor, clip: str = "mse") -> torch.Tensor:
     if clip == "absmax":
         return (amax / ABSMAX_DIVISOR).to(torch.bfloat16).to(torch.float32)
     buf = torch.empty_like(wg)  # in-place ops: fresh temporaries cost more than the math on CPU
+    return search_divisors(amax, lambda s: _codes(wg, s, buf).mul_(s).sub_(wg).square_().sum(-1, keepdim=True))
+
+
+def search_divisors(amax: torch.Tensor, error) -> torch.Tensor:
+    """Per group, the bf16-rounded scale amax / d (d in MSE_DIVISORS) with the least error(s), the
+    first on ties; error(s) -> a tensor shaped like amax. RTN's squared weight error above, AWQ's
+    activation-weighted one (kq.quantize.awq)."""
     best_s = best_err = None
     for d in MSE_DIVISORS:
         s = (amax / d).to(torch.bfloat16).to(torch.float32)
-        err = _codes(wg, s, buf).mul_(s).sub_(wg).square_().sum(-1, keepdim=True)
+        err = error(s)
         if best_s is None:
             best_s, best_err = s, err
         else:
