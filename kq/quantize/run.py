@@ -437,7 +437,9 @@ def finish(source: Source, plan: Plan, out: Path, opts: Options, fp: str, state:
         "source": {"name": source.name, "repo_id": source.repo_id, "revision": source.revision,
                    "family": plan.recipe.family, "model_type": source.config.get("model_type")},
         "options": {"method": opts.method, "group_size": plan.group_size, "clip": opts.clip if opts.method == "rtn" else None,
-                    "mtp_experts": plan.mtp_experts, "activations": opts.activations,
+                    "mtp_experts": plan.mtp_experts,
+                    # absent for W4A16 (as in the fingerprint), so a W4A16 manifest is what it always was
+                    **({"activations": opts.activations} if opts.activations != "none" else {}),
                     **({"kv_cache": opts.kv_cache} if opts.kv_cache else {})},
         "sizes": {"source_bytes": plan.source_bytes, "output_bytes": plan.output_bytes,
                   "per_gpu_bytes_tp8": plan.per_gpu_bytes(8)},
