@@ -1,7 +1,7 @@
 """Full-size replicas of real checkpoints from ../shared/layouts, for tests (never inside the repo).
 
 `write_replica` writes every shard of a published checkpoint with its real header (names, dtypes,
-shapes, data offsets; the safetensors writer's ordering, see kq.checkpoint.layouts) and a data
+shapes, data offsets; the safetensors writer's ordering, see kq.synth.real_layouts) and a data
 section that is a sparse hole: a 756 GB checkpoint costs a few MB of disk, and every check that
 reads headers or file sizes sees the real thing. `fill_random` then writes random bytes into the
 data ranges of the tensors a test converts for real (FP8 codes without NaN patterns, positive F32
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from kq.checkpoint.layouts import Layout, read_layout, shard_entries, shard_header
+from kq.synth.real_layouts import Layout, read_layout, shard_entries, shard_header
 from kq_testutil import SHARED
 
 LAYOUTS = SHARED / "layouts"

@@ -90,7 +90,7 @@ def _open_for_inspect(src: str, revision: str | None):
     """(source, note): the checkpoint itself, or, when the Hub cannot be asked about a model whose
     layout kq bundles, that layout (note says so; None otherwise)."""
     from kq.checkpoint.hub import HubUnreachable
-    from kq.checkpoint.layouts import LayoutSource, bundled_layout
+    from kq.synth.real_layouts import LayoutSource, bundled_layout
     from kq.recipes import resolve_alias
 
     try:

@@ -47,6 +47,10 @@ class AwqConfig:
     batch: int = 8              # calibration windows per forward call
     gptq: dict = field(default_factory=dict)   # awq+gptq: GptqConfig options (damp, clip, block, ...)
 
+    def solve_experts(self, layer, X: torch.Tensor) -> tuple[dict, dict]:
+        """kq.quantize.layerwise.solve_experts' AWQ branch."""
+        return awq_quantize_experts(layer, X, self)
+
     def __post_init__(self):
         from kq.quantize.layerwise import POLICIES
         if self.method not in METHODS:

@@ -228,9 +228,8 @@ def solve_experts(layer, X: torch.Tensor, cfg) -> tuple[dict, dict]:
     inputs X [T, H] with the method the config names (GptqConfig: GPTQ, split across torchrun ranks by
     solve_layer_experts; kq.quantize.awq.AwqConfig: AWQ or AWQ+GPTQ, which every rank still solves
     whole: the same bytes, no speed-up under torchrun yet); both return quantize_experts' results and stats."""
-    from kq.quantize.awq import AwqConfig, awq_quantize_experts
-    if isinstance(cfg, AwqConfig):
-        return awq_quantize_experts(layer, X, cfg)
+    if hasattr(cfg, "solve_experts"):   # AwqConfig (kq.quantize.awq imports this module, not the reverse)
+        return cfg.solve_experts(layer, X)
     return solve_layer_experts(layer, X, cfg)
 
 

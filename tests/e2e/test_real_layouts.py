@@ -68,7 +68,7 @@ def _expected(model: str, group: int):
 def test_bundled_layouts_are_the_published_files():
     from importlib import resources
 
-    from kq.checkpoint.layouts import bundled_repos
+    from kq.synth.real_layouts import bundled_repos
     assert bundled_repos() == sorted(layout(m).repo_id for m in MODELS)
     for m in MODELS:
         shipped = resources.files("kq.recipes") / "layouts" / m
@@ -79,7 +79,7 @@ def test_bundled_layouts_are_the_published_files():
 @pytest.mark.slow
 @pytest.mark.parametrize("model", list(MODELS))
 def test_bundled_layout_is_the_published_index(model):
-    from kq.checkpoint.layouts import bundled_layout
+    from kq.synth.real_layouts import bundled_layout
     lay = bundled_layout(layout(model).repo_id)
     assert len(lay.tensors) == MODELS[model]["tensors"]
     # The layout's shard column is the published (Kimi) / derived (GLM) index, name for name.
@@ -139,7 +139,7 @@ def test_plan_classifies_every_real_tensor(plans, sources, model, group):
 @pytest.mark.parametrize("model", list(MODELS))
 def test_plan_from_bundled_layout_equals_plan_from_replica(plans, model):
     """What `kq inspect glm-5.2` says offline is what it says about the real shard files."""
-    from kq.checkpoint.layouts import LayoutSource, bundled_layout
+    from kq.synth.real_layouts import LayoutSource, bundled_layout
     from kq.quantize.plan import make_plan
     group = MODELS[model]["group"]
     a = plans(model, group)

@@ -49,7 +49,7 @@ def sglang_modules(model: str) -> dict[tuple[bool, str], set[str]]:
 
 @pytest.fixture(scope="module")
 def answers(tmp_path_factory, real_slices):
-    from kq.checkpoint.layouts import LayoutSource, bundled_layout
+    from kq.synth.real_layouts import LayoutSource, bundled_layout
     from kq.quantize.plan import make_plan
     from kq.quantize.run import output_config
 
