@@ -513,13 +513,17 @@ def moe_case(name, e, h, i, m, topk, groups, peers, sweep, r=12, kq=True):
         torch.cuda.empty_cache()
     for group in groups if LANES and kq else []:
         lanes_case(base, e, h, i, m, topk, group, tis, tw, a, touched)
-    for group in groups if "marlin" in peers else []:
+    # "marlin-stage": gate+up alone, without the whole fused_marlin_moe (its zero-inactive-output
+    # instance is a second JIT build of ~4 min on a fresh GPU machine)
+    for group in groups if peers & {"marlin", "marlin-stage"} else []:
         bpw = 0.5 + 2 / group
         try:
             us, cfg = sgl_marlin_stage1(e, n, h, m, topk, tis, tw, a, group)
             log({**base, "kind": f"marlin_g{group}", "us": round(us, 2), "GBps": gbps(us, bpw), "cfg": cfg})
         except Exception as ex:
             log({**base, "kind": f"marlin_g{group}", "error": repr(ex)[:300]})
+        if "marlin" not in peers:
+            continue
         try:
             us, cfg = sgl_marlin_full(e, h, i, m, topk, tis, tw, a, group)
             log({**base, "kind": f"marlin_full_g{group}", "us": round(us, 2),
@@ -657,7 +661,9 @@ def main():
     ap.add_argument("--tokens", default="1,16,64")
     ap.add_argument("--moe", default="kimi_tp8,glm52")
     ap.add_argument("--groups", default="32,128")
-    ap.add_argument("--peers", default="dense,triton,marlin")
+    ap.add_argument("--peers", default="dense,triton,marlin",
+                    help="comma list of dense, triton, fp8, marlin (gate+up and the whole fused_marlin_moe), "
+                         "marlin-stage (gate+up only)")
     ap.add_argument("--dense-m", default="1,16,64,512,4096")
     ap.add_argument("--sweep", action="store_true", help="also try a grid of kq tile configs (stage 1)")
     ap.add_argument("--skip-dense", action="store_true")
