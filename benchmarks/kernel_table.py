@@ -84,13 +84,25 @@ def main(paths: list[str]) -> None:
         print(f"\n{state}" + (f" (idle {env['states']['idle_s']} s before each timing)" if state == "burst" and "states" in env
                                else f" (after {env['states']['heat_s']} s of back-to-back replay)" if state == "sustained"
                                and "states" in env else "") + "\n")
-        table(by)
+        table(by, env.get("read_TBps"))
 
 
-def table(by: dict) -> None:
-    print("| case | tokens x8 | group | kq gate+up us (TB/s) [instance] | vs SGLang FP8 | vs Marlin | "
-          "vs SGLang BF16 | vs SGLang INT4 | vs kq Triton | kq whole MoE us | vs Marlin whole | vs kq Triton whole |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+def emit(head: list[str], rows: list[list[str]]) -> None:
+    """A markdown table without the columns that are n/a in every row (peers the run did not time)."""
+    keep = [j for j in range(len(head)) if any(r[j] != "n/a" for r in rows)]
+    print("| " + " | ".join(head[j] for j in keep) + " |")
+    print("|" + "---|" * len(keep))
+    for r in rows:
+        print("| " + " | ".join(r[j] for j in keep) + " |")
+
+
+def table(by: dict, floor_tbps: float | None = None) -> None:
+    """MoE rows; "of floor": kq's gate+up bytes/s over the run's own read-bandwidth probe (the byte
+    floor: a row at 95 % or more is done)."""
+    head = ["case", "tokens x8", "group", "kq gate+up us (TB/s) [instance]", "of floor", "vs SGLang FP8", "vs Marlin",
+            "vs SGLang BF16", "vs SGLang INT4", "vs kq Triton", "kq whole MoE us", "vs Marlin whole",
+            "vs kq Triton whole"]
+    rows = []
     for case in moe_cases(by):
         for m in sorted({mm for (c, mm, _) in by if c == case}):
             for g in (128, 32):
@@ -103,11 +115,13 @@ def table(by: dict) -> None:
                     return f"{p['us'] / base['us']:.2f}x ({p['us']:.1f})" if p else "n/a"
                 full = by.get((case, m, f"kq_lane_full_g{g}"))
                 inst = k["kind"].split("_")[-1]
-                print(f"| {case} | {m} | {g} | {k['us']:.1f} ({k['GBps'] / 1000:.2f}) [{inst}] | {ratio('sgl_fp8')} | "
-                      f"{ratio(f'marlin_g{g}')} | {ratio('sgl_bf16')} | {ratio(f'sgl_int4_g{g}')} | "
-                      f"{ratio(f'kq_g{g}')} | {'%.1f' % full['us'] if full else 'n/a'} | "
-                      f"{ratio(f'marlin_full_g{g}', full) if full else 'n/a'} | "
-                      f"{ratio(f'kq_full_g{g}', full) if full else 'n/a'} |")
+                rows.append([case, str(m), str(g), f"{k['us']:.1f} ({k['GBps'] / 1000:.2f}) [{inst}]",
+                             f"{k['GBps'] / 1000 / floor_tbps:.0%}" if floor_tbps else "n/a",
+                             ratio("sgl_fp8"), ratio(f"marlin_g{g}"), ratio("sgl_bf16"), ratio(f"sgl_int4_g{g}"),
+                             ratio(f"kq_g{g}"), "%.1f" % full["us"] if full else "n/a",
+                             ratio(f"marlin_full_g{g}", full) if full else "n/a",
+                             ratio(f"kq_full_g{g}", full) if full else "n/a"])
+    emit(head, rows)
     dense(by)
 
 
@@ -118,9 +132,9 @@ def dense(by: dict) -> None:
     cases = sorted({(c, m) for (c, m, kind) in by if kind == "kq_lane_g128"})
     if not cases:
         return
-    print("\n| dense N x K | M | kq lane us (TB/s) | kq tiles us | vs cuBLAS BF16 | vs cuBLAS FP8 | vs torch int4 | "
-          "tiles vs BF16 |")
-    print("|---|---|---|---|---|---|---|---|")
+    head = ["dense N x K", "M", "kq lane us (TB/s)", "kq tiles us", "vs cuBLAS BF16", "vs cuBLAS FP8", "vs torch int4",
+            "tiles vs BF16"]
+    rows = []
     for c, m in cases:
         lane, tiles = by[(c, m, "kq_lane_g128")], by.get((c, m, "kq_g128"))
         if REPICK:        # the instance cuda_lanes.pick_dense chooses now, where the CUDA kernel serves
@@ -129,9 +143,10 @@ def dense(by: dict) -> None:
             lane = by.get((c, m, "lanes_dense_g128_" + dense_variant_name(pick_dense(m, n // 8, -(-k // 128))))) or lane
         bf16, fp8, int4 = (by.get((c, m, k)) for k in ("cublas_bf16", "cublas_fp8", "tinygemm_g128"))
         r = lambda p, b: f"{p['us'] / b['us']:.2f}x ({p['us']:.1f})" if p and b else "n/a"   # noqa: E731
-        print(f"| {c.removeprefix('dense_')} | {m} | {lane['us']:.1f} ({lane['GBps'] / 1000:.2f}) | "
-              f"{tiles['us'] if tiles else 'n/a'} | {r(bf16, lane)} | {r(fp8, lane)} | {r(int4, lane)} | "
-              f"{r(bf16, tiles)} |")
+        rows.append([c.removeprefix("dense_"), str(m), f"{lane['us']:.1f} ({lane['GBps'] / 1000:.2f})",
+                     str(tiles["us"]) if tiles else "n/a", r(bf16, lane), r(fp8, lane), r(int4, lane), r(bf16, tiles)])
+    print()
+    emit(head, rows)
 
 
 if __name__ == "__main__":

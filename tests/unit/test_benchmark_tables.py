@@ -9,7 +9,7 @@ import sys
 from kq_testutil import REPO
 
 RES = REPO / "benchmarks" / "results"
-KERNEL_ROWS = (RES / "h200" / "kernels_s12_decode_a1f86d7_call4.jsonl", RES / "h200" / "kernels_s12_marlin_a1f86d7_call4.json")
+KERNEL_ROWS = (RES / "h200" / "kernels_2f58c75.jsonl",)
 TEXT = REPO / "BENCHMARKS.md"
 
 
