@@ -40,14 +40,40 @@ _register()
 
 
 def main() -> None:
+    code = _run()
+    if _torchrun_rank() is not None:
+        # A torchrun rank has written and flushed all it writes by now. Interpreter shutdown would
+        # still destroy torch's and gloo's C++ objects beside Python's daemon threads in no fixed
+        # order, and once in a CI run a rank died there (SIGABRT, "terminate called without an
+        # active exception") after a complete, correct run, failing the whole launch. A rank skips
+        # that shutdown: nothing is left for it to do.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def _torchrun_rank() -> str | None:
+    """This process's RANK when launched as one of several ranks (torchrun sets WORLD_SIZE), else None."""
+    return os.environ.get("RANK", "0") if os.environ.get("WORLD_SIZE", "1") not in ("", "1") else None
+
+
+def _run() -> int:
+    """The command's exit code: 0, click's own, 2 for a user mistake (one line), 130 on Ctrl-C."""
     try:
         app()
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        typer.echo(str(e.code), err=True)
+        return 1
     except QuietExit:
-        sys.exit(2)   # torchrun: the lowest failing rank printed the line
+        return 2   # torchrun: the lowest failing rank printed the line
     except KqError as e:
-        rank = os.environ.get("RANK", "0") if os.environ.get("WORLD_SIZE", "1") != "1" else "0"
-        typer.echo(f"kq: error: {'' if rank == '0' else f'rank {rank}: '}{e}", err=True)
-        sys.exit(2)
+        rank = _torchrun_rank()
+        typer.echo(f"kq: error: {'' if rank in (None, '0') else f'rank {rank}: '}{e}", err=True)
+        return 2
     except KeyboardInterrupt:
         typer.echo("kq: interrupted; rerun the same command to resume", err=True)
-        sys.exit(130)
+        return 130
+    return 0

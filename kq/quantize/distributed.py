@@ -98,10 +98,15 @@ def setup(device: torch.device) -> tuple[World, torch.device]:
 
 
 def teardown() -> None:
+    """Leave the process group, all ranks together: a rank that returned early (RTN's non-lead ranks,
+    while rank 0 writes index, config and manifest) waits at a barrier, so no rank destroys its
+    group while another still talks to it. The CLI then ends a torchrun rank with os._exit
+    (kq.cli.main: why)."""
     global _world
     if _world.on:
         import torch.distributed as dist
         if dist.is_initialized():
+            dist.barrier()
             dist.destroy_process_group()
     _world = SINGLE
 
