@@ -41,9 +41,9 @@ Steps, per model:
    rsf, fp32) is put in the stub module; everything else in that path is SGLang's (JIT Marlin
    GEMMs, JIT align/activation kernels). If that path still fails, a manual two-GEMM Marlin
    path (shared/tools/peer_moe_bench.py style, copied to .gpu/) is tried and named in the output.
-3. one rank's expert load onto the GPU: the `kq shard` rank file vs reading the unsharded
-   checkpoint's expert tensors, slicing the rank's part and prepacking (what the plugin does
-   without rank files), each after fdatasync + posix_fadvise(DONTNEED) on the files read (pages
+3. one rank's expert load onto the GPU: the `kq shard` rank file (read and prepacked) vs reading
+   the unsharded checkpoint's expert tensors, slicing the rank's part and prepacking (what the plugin
+   does without rank files), each after fdatasync + posix_fadvise(DONTNEED) on the files read (pages
    the kernel keeps anyway would make that run warmer; not measured here).
 
 --cpu-dry (in the SGLang side venv, no GPU): steps 1-2 with everything that needs CUDA left out
@@ -196,7 +196,7 @@ def moe_rows(folder: Path, group: int, tokens: list[int], dry: bool, marlin_ok: 
     from sglang.srt.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsConfig
 
     from check_plugin import _build_layer, _load
-    from kq.checkpoint.rank_shards import expert_layers
+    from kq.sglang.rank_shards import expert_layers
     from kq.checkpoint.reader import CheckpointReader
     from kq.kernels import prepack_moe, reference
     from kq.sglang.config import KqConfig
@@ -359,8 +359,14 @@ def _sync():
 
 def load_rows(folder: Path, group: int) -> list[dict]:
     """One rank's routed experts onto the GPU: kq shard file vs the unsharded checkpoint."""
-    from kq.checkpoint.rank_shards import cut_rank, expert_layers, rank_file, read_rank, shard_dir
     from kq.checkpoint.reader import CheckpointReader
+    from kq.kernels import moe_lane_layout, prepack_moe
+    from kq.sglang.rank_shards import PARAMS, cut_rank, expert_layers, rank_file, read_rank, shard_dir
+
+    def prepack(t):  # what the plugin does with a rank's checkpoint-layout slices, either source
+        lane = moe_lane_layout(t["w13_weight_packed"].device, t["w13_weight_packed"].shape[2] * 8,
+                               t["w13_weight_packed"].shape[1] // 2)
+        return prepack_moe(*(t[k] for k in PARAMS), group, lane=lane)
 
     d = shard_dir(folder, TP, 1)
     mf = json.loads((d / "manifest.json").read_text())
@@ -370,8 +376,8 @@ def load_rows(folder: Path, group: int) -> list[dict]:
         f = d / rank_file(rank, 0)
         _drop_cache([f])
         t = time.perf_counter()
-        for layer, meta in mf["layers"].items():
-            pp = read_rank(f, layer, meta, TP, 1, group, device=DEV)
+        for layer in mf["layers"]:
+            pp = prepack(read_rank(f, layer, device=DEV))
         _sync()
         t_shard = time.perf_counter() - t
         del pp
@@ -384,7 +390,7 @@ def load_rows(folder: Path, group: int) -> list[dict]:
         for ly in layers:
             # What the plugin does without rank files: SGLang reads every expert tensor (all of
             # it), keeps this rank's slice, kq prepacks on the GPU.
-            pp = cut_rank(_OnDevice(reader), ly, TP, 1, rank, 0, group)
+            pp = prepack(cut_rank(_OnDevice(reader), ly, TP, 1, rank, 0, group))
         _sync()
         t_full = time.perf_counter() - t
         reader.close()

@@ -3,7 +3,7 @@
 # SGLang side venv (`bash .ci/sglang-venv.sh` builds it; setup.sh does too). It quantizes the trained
 # tiny model (shared/models/tiny-glm-5.2-fp8), cuts `kq shard --tp 8` rank files, builds SGLang's FusedMoE
 # with kq's config and with SGLang's own compressed-tensors config through SGLang's loader (same rank
-# slice, rank file = prepack of what SGLang loaded), and times one rank's expert load from the rank file vs
+# slice; the layer takes the rank file and its weights = prepack of what SGLang loaded), and times one rank's expert load from the rank file vs
 # from the unsharded checkpoint (page cache dropped first). The "kq us" column of a dry run is kq's torch
 # path on the CPU, not a kernel time. Table to stdout and $OUT/sglang_load_cpu.txt (OUT default: out).
 set -euo pipefail

@@ -1,4 +1,4 @@
-"""`kq shard`: argument handling only; the work is in kq.checkpoint.rank_shards."""
+"""`kq shard`: argument handling only; the work (and the format) is in kq.sglang.rank_shards."""
 from __future__ import annotations
 
 import json
@@ -15,28 +15,22 @@ def shard(
     folder: Path = typer.Argument(..., help="A finished kq checkpoint folder (written by kq quantize)."),
     tp: int = typer.Option(..., "--tp", help="Tensor-parallel degree SGLang will run at (--tp)."),
     ep: int = typer.Option(1, "--ep", help="Expert-parallel degree (SGLang's --ep-size); must divide --tp."),
-    device: str = typer.Option("auto", "--device", help="Where the prepack runs: auto (the GPU when there is "
-                               "one), cuda or cpu. Same files either way; the CPU takes minutes per full-size layer."),
     as_json: bool = typer.Option(False, "--json", help="Print a machine-readable summary on stdout."),
 ) -> None:
-    """Write per-rank files of the routed experts, prepacked for kq's kernels, under
+    """Write per-rank files of the routed experts (each rank's slice, in the checkpoint's layout) under
     FOLDER/kq-shards/tp{TP}-ep{EP}/. With kq's SGLang plugin installed, each rank then reads only
     its own expert bytes.
 
     Example:\n
       kq shard ./GLM-5.2-INT4 --tp 8
     """
-    from kq.checkpoint.rank_shards import write_rank_shards
+    from kq.sglang.rank_shards import write_rank_shards
 
     require(folder.is_dir(), f"{folder}: no such folder")
     require(tp >= 1 and ep >= 1, "--tp and --ep must be at least 1")
-    require(device in ("auto", "cpu", "cuda"), f"--device {device}: use auto, cuda or cpu")
-    if device == "cuda":
-        import torch
-        require(torch.cuda.is_available(), "--device cuda: no CUDA GPU visible")
     t0 = time.perf_counter()
     with stderr.status(f"cutting {folder} into {tp} ranks (EP {ep}) …"):
-        out = write_rank_shards(folder, tp, ep, None if device == "auto" else device)
+        out = write_rank_shards(folder, tp, ep)
     manifest = json.loads((out / "manifest.json").read_text())
     size = sum(f["size"] for f in manifest["files"].values())
     summary = {"out": str(out), "tp": tp, "ep": ep, "files": len(manifest["files"]), "bytes": size,

@@ -185,20 +185,3 @@ def _lane_moe_tensors(w13_packed, w13_scale, w2_packed, w2_scale, group: int, H:
                              f"{(E, N, K8 * 8 // group)} for group {group}")
     return (*lane_pack(w13_packed, w13_scale, group), *lane_pack(w2_packed, w2_scale, group))
 
-
-def lane_from_tiles(pp: PrepackedMoE, chunk: int = 16) -> PrepackedMoE:
-    """A tiles-layout PrepackedMoE (e.g. read from `kq shard` rank files) in the lane layout, on its
-    device: back to the checkpoint layout `chunk` experts at a time (bounded temporaries), then
-    prepack_moe(lane=True). Bytes equal to prepacking the checkpoint tensors with lane=True."""
-    if pp.lane:
-        return pp
-    H, I, g = pp.hidden, pp.intermediate, pp.group
-    parts = []
-    for e0 in range(0, pp.num_experts, chunk):
-        sl = slice(e0, e0 + chunk)
-        parts.append(prepack_moe(pack_checkpoint_nibbles(prepacked_nibbles(pp.w13_q[sl], H)),
-                                 pp.w13_s[sl, : H // g].transpose(1, 2).contiguous(),
-                                 pack_checkpoint_nibbles(prepacked_nibbles(pp.w2_q[sl], I)),
-                                 pp.w2_s[sl, : I // g].transpose(1, 2).contiguous(), g, lane=True))
-    cat = [torch.cat([getattr(p, f) for p in parts]) for f in ("w13_q", "w13_s", "w2_q", "w2_s")]
-    return PrepackedMoE(*cat, num_experts=pp.num_experts, hidden=H, intermediate=I, group=g, lane=True)

@@ -4,9 +4,10 @@ Follows SGLang's MoE method interface (`FusedMoEMethodBase`): `create_weights` r
 parameters in the *checkpoint* layout, so SGLang's own `FusedMoE.weight_loader` fills them
 per expert and per TP rank (gate/up split along the intermediate rows, down along its packed
 input columns, scales with them) and honours expert parallelism's local-expert map;
-`process_weights_after_loading` runs kq's prepack (or reads `kq shard` per-rank files, which hold
-the tiles layout) in the layout kq.kernels.moe_lane_layout chooses (the lane layout on Hopper: the
-CUDA lane kernel; rank files are converted on the device);
+`process_weights_after_loading` runs kq's prepack in the layout kq.kernels.moe_lane_layout chooses
+(the lane layout on Hopper: the CUDA lane kernel) on those parameters, which `kq shard` per-rank files,
+when there are some, fill instead of the full checkpoint (they hold the same checkpoint-layout slices:
+one conversion path);
 `apply` takes SGLang's dispatch output and returns its combine input.
 
 When the checkpoint's INT4 group says dynamic FP8 activations (`fp8_activations`), a step of at least
@@ -27,7 +28,6 @@ from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase
 from sglang.srt.utils import set_weight_attrs
 
 from kq.kernels import fused_moe_w4a16, moe_lane_layout, prepack_moe, w4a8
-from kq.kernels.layout import lane_from_tiles
 from kq.sglang import rank_loader
 
 
@@ -98,14 +98,12 @@ class KqMoEMethod(FusedMoEMethodBase):
         if getattr(layer, "kq_moe", None) is not None:
             return
         if layer.kq_rank_files is not None:
-            pp = rank_loader.load_prepacked(layer.kq_rank_files, device=layer.w13_weight_packed.device)
-            if moe_lane_layout(pp.w13_q.device, pp.hidden, pp.intermediate):
-                pp = lane_from_tiles(pp)      # rank files hold the tiles layout
-        else:
-            w13 = layer.w13_weight_packed.data
-            lane = moe_lane_layout(w13.device, w13.shape[2] * 8, w13.shape[1] // 2)
-            pp = prepack_moe(w13, layer.w13_weight_scale.data, layer.w2_weight_packed.data,
-                             layer.w2_weight_scale.data, self.group, lane=lane)
+            # The rank file holds the slices SGLang's loader would have taken from the checkpoint.
+            rank_loader.fill_params(layer, layer.kq_rank_files)
+        w13 = layer.w13_weight_packed.data
+        lane = moe_lane_layout(w13.device, w13.shape[2] * 8, w13.shape[1] // 2)
+        pp = prepack_moe(w13, layer.w13_weight_scale.data, layer.w2_weight_packed.data,
+                         layer.w2_weight_scale.data, self.group, lane=lane)
         layer.kq_moe = pp
         # The W4A8 kernel's view of the group scales (1/32 of the INT4 weights' bytes), where it can run.
         layer.kq_w4a8_scales = (w4a8.block_scales(pp) if self.fp8_activations and w4a8.serves(pp, pp.w13_q.device)

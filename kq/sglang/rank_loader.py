@@ -1,9 +1,11 @@
-"""Reading `kq shard` per-rank files inside SGLang (format: kq/checkpoint/rank_shards.py).
+"""Reading `kq shard` per-rank files inside SGLang (format: kq/sglang/rank_shards.py).
 
 When `<model>/kq-shards/tp{T}-ep{P}/manifest.json` exists for the running TP/EP layout and was
-cut from this checkpoint (hash of kq-manifest.json), each rank's MoE layers take their
-prepacked experts from `ep{e}-tp{t}.safetensors`, and the plugin's weight-iterator filter skips
-the routed-expert tensors of the full checkpoint, so a rank reads only its own expert bytes.
+cut from this checkpoint (hash of kq-manifest.json), each rank's MoE layers take their experts
+from `ep{e}-tp{t}.safetensors` (the checkpoint-layout slices SGLang's weight loader would have put
+in the layer's parameters), and the plugin's weight-iterator filter skips the routed-expert
+tensors of the full checkpoint, so a rank reads only its own expert bytes. Files of another
+format, or cut from another checkpoint, are refused with one line (rerun `kq shard`).
 """
 from __future__ import annotations
 
@@ -11,24 +13,14 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from kq.checkpoint.manifest import sha256_file
-from kq.checkpoint.rank_shards import read_rank, rank_file, shard_dir
 from kq.format import EXPERT_PART_RE
-
+from kq.sglang.rank_shards import PARAMS, rank_file, read_manifest, read_rank
 
 
 @lru_cache(maxsize=None)
 def _manifest(folder: str, tp: int, ep: int):
-    d = shard_dir(Path(folder), tp, ep)
-    mf = d / "manifest.json"
-    if not mf.is_file():
-        return None
-    m = json.loads(mf.read_text())
-    src = Path(folder) / "kq-manifest.json"
-    if m.get("format") != "kq-rank-shards/1" or not src.is_file() or sha256_file(src) != m["source_manifest_sha256"]:
-        raise ValueError(f"kq: {d} was not cut from this checkpoint (or is another format); "
-                         f"delete it or rerun `kq shard {folder} --tp {tp} --ep {ep}`")
-    return str(d), m
+    found = read_manifest(Path(folder), tp, ep)
+    return None if found is None else (str(found[0]), found[1])
 
 
 def _layout():
@@ -65,13 +57,20 @@ def find_for_layer(layer, prefix: str, group: int):
         return None
     if m["group"] != group:
         raise ValueError(f"kq: {d}: group {m['group']} differs from the checkpoint's {group}")
-    return {"path": str(Path(d) / rank_file(tp_rank, ep_rank)), "layer": name, "meta": m["layers"][name],
-            "tp": tp, "ep": ep, "group": group}
+    return {"path": str(Path(d) / rank_file(tp_rank, ep_rank)), "layer": name}
 
 
-def load_prepacked(info: dict, device):
-    return read_rank(Path(info["path"]), info["layer"], info["meta"], info["tp"], info["ep"], info["group"],
-                     device=device)
+def fill_params(layer, info: dict) -> None:
+    """Put the rank file's tensors in the layer's checkpoint-layout parameters (w13_weight_packed, …),
+    where SGLang's weight loader would have put the same slices of the full checkpoint."""
+    params = {k: getattr(layer, k) for k in PARAMS}
+    got = read_rank(Path(info["path"]), info["layer"], device=params[PARAMS[0]].device)
+    for k, p in params.items():
+        t = got[k]
+        if t.shape != p.shape or t.dtype != p.dtype:
+            raise ValueError(f"kq: {info['path']}: {info['layer']}.{k} is {t.dtype} {list(t.shape)}, this rank's "
+                             f"layer expects {p.dtype} {list(p.shape)}; rerun `kq shard`")
+        p.data = t
 
 
 def skip_predicate(files):

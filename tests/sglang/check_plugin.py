@@ -112,7 +112,7 @@ def _moe_check(folder: str, tp: int, ep: int) -> dict:
     from sglang.srt.layers.moe.topk import StandardTopKOutput
 
     import sglang.srt.layers.moe.fused_moe_triton.layer as fl
-    from kq.checkpoint.rank_shards import rank_file, read_rank, shard_dir
+    from kq.sglang.rank_shards import rank_file, read_rank, shard_dir
     from kq.kernels import fused_moe_w4a16, prepack_moe
     from kq.sglang.config import KqConfig
 
@@ -156,10 +156,11 @@ def _moe_check(folder: str, tp: int, ep: int) -> dict:
             for a in ("w13_q", "w13_s", "w2_q", "w2_s"):
                 process_matches &= torch.equal(getattr(mine, a), getattr(layer.kq_moe, a))
             if matches_shard_files is not None:
-                mf = json.loads((shards / "manifest.json").read_text())
-                pp = read_rank(shards / rank_file(t, e), prefix, mf["layers"][prefix], tp, ep, group)
-                for a in ("w13_q", "w13_s", "w2_q", "w2_s"):
-                    matches_shard_files &= torch.equal(getattr(pp, a), getattr(mine, a))
+                # kq shard's file for this rank holds exactly what SGLang's loader put on it.
+                got = read_rank(shards / rank_file(t, e), prefix)
+                matches_shard_files &= got.keys() == loaded.keys()
+                for a in loaded:
+                    matches_shard_files &= got[a].dtype == loaded[a].dtype and torch.equal(got[a], loaded[a])
             # SGLang's standard dispatcher hands local ids (-1: expert on another EP rank).
             local = torch.where((topk_ids // per_ep) == e, topk_ids % per_ep, torch.full_like(topk_ids, -1))
             disp = StandardDispatchOutput(hidden_states=x, hidden_states_scale=None,

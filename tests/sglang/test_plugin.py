@@ -122,8 +122,8 @@ def test_tp_rank_loading_reassembles_exactly(plugin_check, layout):
     assert r["reassembles_exactly"] is True
     e_local = 8 if layout == "tp8" else 4
     assert r["rank0_w13_shape"] == [e_local, 2 * 256 // (8 if layout == "tp8" else 4), 128 // 8]
-    # kq's prepack of what SGLang's loader put on each rank equals kq shard's file for that rank,
-    # and the plugin used those files (they exist for this layout) with the same result.
+    # What SGLang's loader put on each rank (checkpoint layout) equals kq shard's file for that rank,
+    # and the plugin used those files (they exist for this layout) with the same prepack.
     assert r["matches_kq_shard_files"] is True
     assert r["used_rank_files"] == [True]
     assert r["process_weights_matches_prepack"] is True

@@ -42,20 +42,3 @@ def test_a_lane_layout_layer_gives_the_tiles_layout_result_on_the_cpu():
     tiles = fused_moe_w4a16(x, prepack_moe(p13, s13, p2, s2, group), tw, ids)
     assert torch.equal(lane, tiles)
 
-
-@pytest.mark.parametrize("I,group", [(192, 64), (256, 32), (128, 128)])
-def test_lane_from_tiles_gives_the_bytes_of_a_lane_prepack(I, group):
-    """`kq shard` rank files hold the tiles layout; converting them on load must give exactly what
-    prepacking the checkpoint tensors in the lane layout gives (I = 192: the down stage's K is padded)."""
-    from kq.kernels.layout import lane_from_tiles
-    gen = torch.Generator().manual_seed(I + group)
-    E, H = 5, 256
-    p13 = pack_checkpoint_nibbles(torch.randint(0, 16, (E, 2 * I, H), generator=gen))
-    p2 = pack_checkpoint_nibbles(torch.randint(0, 16, (E, H, I), generator=gen))
-    s13 = (torch.rand(E, 2 * I, H // group, generator=gen) * 0.05 + 1e-3).to(torch.bfloat16)
-    s2 = (torch.rand(E, H, I // group, generator=gen) * 0.05 + 1e-3).to(torch.bfloat16)
-    want = prepack_moe(p13, s13, p2, s2, group, lane=True)
-    got = lane_from_tiles(prepack_moe(p13, s13, p2, s2, group), chunk=2)
-    assert got.lane and (got.num_experts, got.hidden, got.intermediate, got.group) == (E, H, I, group)
-    for f in ("w13_q", "w13_s", "w2_q", "w2_s"):
-        assert torch.equal(getattr(got, f), getattr(want, f)), f

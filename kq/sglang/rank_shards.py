@@ -1,17 +1,28 @@
-"""`kq shard`: per-rank files of the routed experts, already prepacked for kq's kernels.
+"""`kq shard`'s per-rank files: each rank's slice of the routed experts, in the checkpoint's own layout.
 
 Layout (kq's own format, not SGLang's `sharded_state`), inside the kq checkpoint folder:
 
     kq-shards/tp{T}-ep{P}/manifest.json
     kq-shards/tp{T}-ep{P}/ep{e}-tp{t}.safetensors      e < P, t < T/P (SGLang's moe_ep_rank, moe_tp_rank)
 
-Each rank file holds, for every routed-expert layer `model.layers.L.mlp.experts` (checkpoint
+Each rank file holds, for every routed-expert layer `L` = `model.layers.N.mlp.experts` (checkpoint
 names), that rank's experts (EP: experts [e*E/P, (e+1)*E/P)) and intermediate slice (TP: rows
-[t*I/m, (t+1)*I/m) of gate and up, the same columns of down, m = T/P), prepacked:
-`{layer}.w13_q`, `.w13_s`, `.w2_q`, `.w2_s` — kq.kernels.PrepackedMoE's tensors. The slices are
-exactly the ones SGLang's FusedMoE weight loader takes from the full checkpoint, so a rank
-reads only its own bytes. manifest.json: format, tp, ep, group, per-layer shapes, sha256 of
-every file, and the sha256 of the checkpoint's kq-manifest.json they were cut from.
+[t*I/m, (t+1)*I/m) of gate and up, the same input columns of down, m = T/P), as stored in the
+checkpoint (compressed-tensors pack-quantized: nibbles q + 8, eight per int32 along the input,
+least-significant first; bf16 group scales) and stacked like SGLang's FusedMoE parameters:
+
+    L.w13_weight_packed  int32 [E/P, 2*I/m, H/8]    gate rows, then up rows
+    L.w13_weight_scale   bf16  [E/P, 2*I/m, H/g]
+    L.w2_weight_packed   int32 [E/P, H, I/m/8]
+    L.w2_weight_scale    bf16  [E/P, H, I/m/g]
+
+These are exactly the slices SGLang's FusedMoE weight loader takes from the full checkpoint for
+that rank, so a rank reads only its own bytes and the plugin prepacks them with the same call as
+the full checkpoint's (kq/sglang/moe.py), in whatever layout the kernel in use needs. Each file's
+safetensors metadata names the format. manifest.json: format, tp, ep, group, per-layer shapes,
+sha256 and size of every file, and the sha256 of the checkpoint's kq-manifest.json they were cut
+from. A folder of another format (kq-rank-shards/1 held kq's prepacked tiles) is refused with
+one line: rerun `kq shard`.
 
 Memory bound: one expert layer's INT4 tensors at a time.
 """
@@ -29,9 +40,10 @@ from safetensors.torch import save_file
 from kq.checkpoint.manifest import sha256_file
 from kq.errors import KqError
 from kq.format import EXPERT_PART_RE, MANIFEST_NAME, atomic_path, rank_file_name, rank_shard_dir, write_json_atomic
-from kq.kernels import PrepackedMoE, prepack_moe
 
-FORMAT = "kq-rank-shards/1"
+FORMAT = "kq-rank-shards/2"
+# The tensors of one layer in a rank file: SGLang's FusedMoE parameter names, checkpoint layout.
+PARAMS = ("w13_weight_packed", "w13_weight_scale", "w2_weight_packed", "w2_weight_scale")
 shard_dir = rank_shard_dir
 rank_file = rank_file_name
 
@@ -88,34 +100,26 @@ def check_split(layers: list[ExpertLayer], tp: int, ep: int, group: int) -> None
                           f"{ly.intermediate / m:g} per rank, not a multiple of the group size {group}")
 
 
-def cut_rank(reader, layer: ExpertLayer, tp: int, ep: int, tp_rank: int, ep_rank: int, group: int,
-             device: torch.device | str | None = None) -> PrepackedMoE:
-    """One rank's slices of one expert layer, prepacked on `device` (default: where the reader's
-    tensors are) and returned there."""
+def cut_rank(reader, layer: ExpertLayer, tp: int, ep: int, tp_rank: int, ep_rank: int,
+             group: int) -> dict[str, torch.Tensor]:
+    """One rank's slices of one expert layer in the checkpoint layout ({PARAMS name: tensor}),
+    where the reader's tensors are."""
     experts, rows = rank_slices(layer, tp, ep, tp_rank, ep_rank)
-    cols_q = slice(rows.start // 8, rows.stop // 8)
-    cols_s = slice(rows.start // group, rows.stop // group)
+    cols = {"packed": slice(rows.start // 8, rows.stop // 8), "scale": slice(rows.start // group, rows.stop // group)}
 
     def t(e, proj, what):
         return reader.raw(f"{layer.name}.{e}.{proj}_proj.weight_{what}")
 
-    w13_q = torch.stack([torch.cat([t(e, "gate", "packed")[rows], t(e, "up", "packed")[rows]]) for e in experts])
-    w13_s = torch.stack([torch.cat([t(e, "gate", "scale")[rows], t(e, "up", "scale")[rows]]) for e in experts])
-    w2_q = torch.stack([t(e, "down", "packed")[:, cols_q] for e in experts])
-    w2_s = torch.stack([t(e, "down", "scale")[:, cols_s] for e in experts])
-    parts = [x.to(device).contiguous() if device is not None else x.contiguous() for x in (w13_q, w13_s, w2_q, w2_s)]
-    return prepack_moe(*parts, group)
+    out = {}
+    for what in ("packed", "scale"):
+        out[f"w13_weight_{what}"] = torch.stack([torch.cat([t(e, "gate", what)[rows], t(e, "up", what)[rows]])
+                                                 for e in experts])
+        out[f"w2_weight_{what}"] = torch.stack([t(e, "down", what)[:, cols[what]] for e in experts])
+    return {k: out[k].contiguous() for k in PARAMS}
 
 
-def default_device() -> torch.device:
-    # The prepack is nibble shuffling in torch ops: about 0.02 GB/s of INT4 on a loaded 2-core CPU
-    # (a full-size GLM-5.2 layer: ~5 min), milliseconds on a GPU. Same bytes either way.
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def write_rank_shards(folder: Path, tp: int, ep: int = 1, device: torch.device | str | None = None) -> Path:
-    """Write kq-shards/tp{tp}-ep{ep}/ for a finished kq checkpoint; returns that folder.
-    The prepack runs on `device` (default: the GPU when there is one); the files are the same."""
+def write_rank_shards(folder: Path, tp: int, ep: int = 1) -> Path:
+    """Write kq-shards/tp{tp}-ep{ep}/ for a finished kq checkpoint; returns that folder."""
     from kq.checkpoint.reader import CheckpointReader
 
     folder = Path(folder)
@@ -129,20 +133,19 @@ def write_rank_shards(folder: Path, tp: int, ep: int = 1, device: torch.device |
         if not layers:
             raise KqError(f"{folder}: no INT4 routed experts found")
         check_split(layers, tp, ep, group)
-        device = torch.device(device) if device is not None else default_device()
         out = shard_dir(folder, tp, ep)
         out.mkdir(parents=True, exist_ok=True)
+        (out / "manifest.json").unlink(missing_ok=True)  # until rewritten, the folder reads as unfinished
         files = {}
         for ep_rank in range(ep):
             for tp_rank in range(tp // ep):
                 tensors = {}
                 for ly in layers:  # one layer's slices live at a time beside the rank's output
-                    pp = cut_rank(reader, ly, tp, ep, tp_rank, ep_rank, group, device)
-                    tensors.update({f"{ly.name}.w13_q": pp.w13_q.cpu(), f"{ly.name}.w13_s": pp.w13_s.cpu(),
-                                    f"{ly.name}.w2_q": pp.w2_q.cpu(), f"{ly.name}.w2_s": pp.w2_s.cpu()})
+                    cut = cut_rank(reader, ly, tp, ep, tp_rank, ep_rank, group)
+                    tensors.update({f"{ly.name}.{k}": v for k, v in cut.items()})
                 name = rank_file(tp_rank, ep_rank)
                 with atomic_path(out / name) as tmp:
-                    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": FORMAT})
+                    save_file(tensors, str(tmp), metadata={"format": FORMAT})
                 files[name] = {"sha256": sha256_file(out / name), "size": (out / name).stat().st_size}
         manifest = {
             "format": FORMAT, "tp": tp, "ep": ep, "group": group,
@@ -157,10 +160,28 @@ def write_rank_shards(folder: Path, tp: int, ep: int = 1, device: torch.device |
         reader.close()
 
 
-def read_rank(path: Path, layer: str, meta: dict, tp: int, ep: int, group: int,
-              device: str | torch.device = "cpu") -> PrepackedMoE:
-    """One layer's PrepackedMoE from one rank file (reads only that layer's bytes)."""
+def read_manifest(folder: Path, tp: int, ep: int) -> tuple[Path, dict] | None:
+    """(rank folder, manifest) of `kq shard`'s files for TP/EP in a kq checkpoint folder, or None when
+    there are none (or they are unfinished). KqError, one line, when they are of another format or
+    were not cut from this checkpoint."""
+    folder = Path(folder)
+    d = shard_dir(folder, tp, ep)
+    mf = d / "manifest.json"
+    if not mf.is_file():
+        return None
+    m = json.loads(mf.read_text())
+    rerun = f"rerun `kq shard {folder} --tp {tp} --ep {ep}`"
+    if m.get("format") != FORMAT:
+        raise KqError(f"kq: {d} holds per-rank files of format {m.get('format')!r}, not {FORMAT!r} "
+                      f"(the checkpoint layout); {rerun} to rewrite them")
+    src = folder / MANIFEST_NAME
+    if not src.is_file() or sha256_file(src) != m.get("source_manifest_sha256"):
+        raise KqError(f"kq: {d} was not cut from this checkpoint; delete it or {rerun}")
+    return d, m
+
+
+def read_rank(path: Path, layer: str, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """One layer's tensors ({PARAMS name: tensor}, checkpoint layout) from one rank file, on `device`
+    (reads only that layer's bytes)."""
     with safe_open(str(path), framework="pt", device=str(device)) as f:
-        q13, s13, q2, s2 = (f.get_tensor(f"{layer}.{k}") for k in ("w13_q", "w13_s", "w2_q", "w2_s"))
-    return PrepackedMoE(w13_q=q13, w13_s=s13, w2_q=q2, w2_s=s2, num_experts=meta["num_experts"] // ep,
-                        hidden=meta["hidden"], intermediate=meta["intermediate"] // (tp // ep), group=group)
+        return {k: f.get_tensor(f"{layer}.{k}") for k in PARAMS}
