@@ -177,8 +177,7 @@ def quantize_experts(layer, X: torch.Tensor, cfg: GptqConfig, chunks: Iterable[i
         shared_h = (X.T @ X)[None] if cfg.policy == "all" else None             # [1, H, H]
     out, fallback = {}, []
     for k in (range(n_chunks(E, cfg)) if chunks is None else chunks):
-        c0 = k * cfg.expert_chunk
-        ids = list(range(c0, min(c0 + cfg.expert_chunk, E)))
+        ids = chunk_experts(E, cfg, [k])
         sel = [e for e in ids if cfg.policy == "all" or counts[e] >= cfg.min_tokens]
         for e in ids:
             if e not in sel:
@@ -219,15 +218,28 @@ def quantize_experts(layer, X: torch.Tensor, cfg: GptqConfig, chunks: Iterable[i
 
 
 def n_chunks(n_experts: int, cfg: GptqConfig) -> int:
-    """How many expert chunks quantize_experts solves (one batched solve each)."""
+    """How many expert chunks quantize_experts solves (one batched solve each). cfg: anything with an
+    `expert_chunk` (GptqConfig, or AwqConfig, whose chunks are split across torchrun ranks the same way)."""
     return -(-n_experts // cfg.expert_chunk)
+
+
+def chunk_experts(n_experts: int, cfg, chunks: Iterable[int] | None = None) -> list[int]:
+    """The experts of expert chunks `chunks` (default all), in order: chunk k holds experts
+    k*expert_chunk ... (k+1)*expert_chunk - 1."""
+    ks = range(n_chunks(n_experts, cfg)) if chunks is None else chunks
+    return [e for k in ks for e in range(k * cfg.expert_chunk, min((k + 1) * cfg.expert_chunk, n_experts))]
+
+
+def own_experts(n_experts: int, cfg) -> list[int]:
+    """The experts this rank solves under torchrun (its block of expert chunks; all in one process)."""
+    return chunk_experts(n_experts, cfg, distributed.split(n_chunks(n_experts, cfg)))
 
 
 def solve_experts(layer, X: torch.Tensor, cfg) -> tuple[dict, dict]:
     """The per-layer point of the layer-wise runner: quantize one layer's routed experts from its MoE
-    inputs X [T, H] with the method the config names (GptqConfig: GPTQ, split across torchrun ranks by
-    solve_layer_experts; kq.quantize.awq.AwqConfig: AWQ or AWQ+GPTQ, which every rank still solves
-    whole: the same bytes, no speed-up under torchrun yet); both return quantize_experts' results and stats."""
+    inputs X [T, H] with the method the config names (GptqConfig: GPTQ; kq.quantize.awq.AwqConfig: AWQ or
+    AWQ+GPTQ); both are split across torchrun ranks by solve_layer_experts, in chunks of cfg.expert_chunk
+    experts, and return quantize_experts' results and stats."""
     if hasattr(cfg, "solve_experts"):   # AwqConfig (kq.quantize.awq imports this module, not the reverse)
         return cfg.solve_experts(layer, X)
     return solve_layer_experts(layer, X, cfg)

@@ -23,7 +23,7 @@ METHODS = {
     "rtn": ["--group-size", "32", "--device", "cpu"],
     "gptq": ["--method", "gptq", "--calib", "{calib}", "--calib-samples", "24", "--calib-seqlen", "32",
              "--gptq-expert-chunk", "1", "--group-size", "32", "--device", "cpu"],
-    # AWQ is not split across ranks yet (every rank solves every expert), but the windows are: same bytes.
+    # AWQ splits its experts one by one (awq+gptq: by GPTQ's chunks): world 2 takes 2/2, world 3 2/1/1.
     "awq": ["--method", "awq", "--calib", "{calib}", "--calib-samples", "24", "--calib-seqlen", "32",
             "--group-size", "32", "--device", "cpu"],
 }
