@@ -19,7 +19,7 @@ how each stage is timed here (GPU synchronised; the same kq functions the run ca
   set_experts   all experts' dequantized INT4 weights into the layer                 measured
   propagate     this rank's windows through the whole layer                          measured at its share
   save_acts     this rank's part of the next layer's inputs (parallel on all ranks)  measured at its share
-  save_results  rank 0: the layer's packed codes (the others wait at the barrier)    measured
+  save_results  this rank's experts' packed codes (parallel on all ranks)             measured
 "measured at its share": run on ceil(P / N) windows, P = --project-samples (512 / 8 = 64 windows,
 --samples, so no scaling); "x token ratio": measured on those windows' tokens, scaled by P / samples
 (the cost is linear in tokens: one big matmul per expert). The broadcasts are not measured (one GPU):
@@ -151,11 +151,11 @@ def main() -> None:
     phase("propagate", lambda: lw._propagate(model, layer, hidden, carry))
     a.work.mkdir(parents=True, exist_ok=True)
     phase("save_acts", lambda: lw._save_acts(a.work / "acts-0001.rank0.safetensors", hidden, carry))
-    phase("save_results", lambda: lw._atomic_save(lw._packed_tensors(model.layer_prefix(0), res_all),
-                                                  a.work / "layer-0000.safetensors"))
+    phase("save_results", lambda: lw._atomic_save(lw._packed_tensors(model.layer_prefix(0), res),
+                                                  a.work / "layer-0000.rank0.safetensors"))
     acts_bytes = sum(h.numel() * h.element_size() for h in hidden) + sum(
         c.numel() * c.element_size() for c in carry if c is not None)
-    for f in ("acts-0001.rank0.safetensors", "layer-0000.safetensors"):
+    for f in ("acts-0001.rank0.safetensors", "layer-0000.rank0.safetensors"):
         (a.work / f).unlink(missing_ok=True)
 
     # -- projection ----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Launched by torchrun: a real quantize in which one rank SIGKILLs itself at a chosen point (for the
 resume-under-torchrun tests; torchrun then stops the other ranks, as it does when any rank dies):
   python -m torch.distributed.run --nproc-per-node N _dist_killed_run.py SRC OUT METHOD CALIB RANK POINT
-METHOD rtn: POINT n = after this rank's n-th output shard is recorded; gptq: after layer n is done.
+METHOD rtn: POINT n = after this rank's n-th output shard is recorded; gptq, awq: after layer n is done.
 The options are those of tests/test_distributed.py's METHODS (same work fingerprints as its CLI runs).
 """
 import os
@@ -40,10 +40,12 @@ def on_layer(done, total, stats):
 
 
 codes = None
-if method == "gptq":
+if method in ("gptq", "awq"):
+    from kq.quantize.awq import AwqConfig
     from kq.quantize.layerwise import GptqConfig, gptq_expert_codes
+    cfg = GptqConfig(group=32, expert_chunk=1) if method == "gptq" else AwqConfig(group=32)
     codes = gptq_expert_codes(source, plan, out, calib=calib, samples=24, seqlen=32, device=device,
-                              cfg=GptqConfig(group=32, expert_chunk=1), on_layer=on_layer)
+                              cfg=cfg, on_layer=on_layer)
 run_quantize(source, plan, out, Options(method=method, group_size=32), device=device, expert_codes=codes,
              after_shard=after_shard)
 print("finished without being killed")

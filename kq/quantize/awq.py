@@ -47,9 +47,17 @@ class AwqConfig:
     batch: int = 8              # calibration windows per forward call
     gptq: dict = field(default_factory=dict)   # awq+gptq: GptqConfig options (damp, clip, block, ...)
 
+    @property
+    def expert_chunk(self) -> int:
+        """The unit of the torchrun expert split (kq.quantize.layerwise.n_chunks): one expert for awq (every
+        step is per expert), GPTQ's own chunk for awq+gptq (one batched solve, not to be cut)."""
+        return self.gptq_config().expert_chunk if self.method == "awq+gptq" else 1
+
     def solve_experts(self, layer, X: torch.Tensor) -> tuple[dict, dict]:
-        """kq.quantize.layerwise.solve_experts' AWQ branch."""
-        return awq_quantize_experts(layer, X, self)
+        """kq.quantize.layerwise.solve_experts' AWQ branch: split across torchrun ranks as GPTQ is, by
+        expert chunks (kq.quantize.layerwise.solve_layer_experts)."""
+        from kq.quantize.layerwise import solve_layer_experts
+        return solve_layer_experts(layer, X, self, solve=awq_quantize_experts)
 
     def __post_init__(self):
         from kq.quantize.layerwise import POLICIES
@@ -153,23 +161,26 @@ def clip_quantize(W: torch.Tensor, H: torch.Tensor, group: int) -> tuple[torch.T
 
 
 @torch.no_grad()
-def awq_quantize_experts(layer, X: torch.Tensor, cfg: AwqConfig) -> tuple[dict, dict]:
-    """AWQ of one MoE layer's routed experts from the MoE block's inputs X [T, H]; the same results
-    and stats as kq.quantize.layerwise.quantize_experts (plus "alpha": the chosen exponent per
-    expert, None where unscaled). The layer's expert weights are left folded (scaled) in place."""
-    from kq.quantize.layerwise import _gram, quantize_experts
+def awq_quantize_experts(layer, X: torch.Tensor, cfg: AwqConfig, chunks=None) -> tuple[dict, dict]:
+    """AWQ of one MoE layer's routed experts from the MoE block's inputs X [T, H]; with `chunks`, only the
+    experts of those chunks of cfg.expert_chunk experts (torchrun: this rank's block). The same results
+    and stats as kq.quantize.layerwise.quantize_experts (plus "alpha": {expert: the chosen exponent, None
+    where unscaled} for the experts solved). Those experts' weights are left folded (scaled) in place;
+    the others are not touched."""
+    from kq.quantize.layerwise import _gram, chunk_experts, quantize_experts
     ex = layer.mlp.experts
     act = ex.act_fn
     Wgu, Wd = ex.gate_up_proj.data, ex.down_proj.data                               # [E, 2I, H], [E, H, I]
     E = Wgu.shape[0]
+    mine = chunk_experts(E, cfg, chunks)
     weight = routing_weights(layer, X)
     routed = weight > 0
     counts = routed.sum(1).tolist()
     calibrated = [cfg.policy == "all" or counts[e] >= cfg.min_tokens for e in range(E)]
-    xs = [X if cfg.policy == "all" else X[routed[e]] for e in range(E)]
-    rs = [weight[e][routed[e]][:, None] if cfg.policy == "weighted" else None for e in range(E)]
-    alphas: list = [None] * E
-    for e in range(E):
+    xs = {e: X if cfg.policy == "all" else X[routed[e]] for e in mine}
+    rs = {e: weight[e][routed[e]][:, None] if cfg.policy == "weighted" else None for e in mine}
+    alphas: dict = dict.fromkeys(mine)
+    for e in mine:
         if not calibrated[e]:
             continue
         wgu, wd = Wgu[e].float(), Wd[e].float()
@@ -181,11 +192,11 @@ def awq_quantize_experts(layer, X: torch.Tensor, cfg: AwqConfig) -> tuple[dict, 
         wgu, wd = fold(wgu, wd, s)
         Wgu[e], Wd[e] = wgu.to(Wgu.dtype), wd.to(Wd.dtype)
     if cfg.method == "awq+gptq":
-        res, stats = quantize_experts(layer, X, cfg.gptq_config())
+        res, stats = quantize_experts(layer, X, cfg.gptq_config(), chunks=chunks)
         return res, stats | {"alpha": alphas}
     out, fallback = {}, []
-    Hx = (X.T @ X)[None] if cfg.policy == "all" else None                           # [1, H, H]
-    for e in range(E):
+    Hx = (X.T @ X)[None] if cfg.policy == "all" and mine else None                 # [1, H, H]
+    for e in mine:
         if not calibrated[e]:
             fallback.append(e)
             qg, sg = quantize_rtn(Wgu[e].float(), cfg.group, "mse")

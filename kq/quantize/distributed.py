@@ -18,8 +18,10 @@ What is split, and why the output keeps the single-process bytes (docs/distribut
     so splitting inside a chunk could change kernel choice and bits): a block of chunks per rank,
     every rank given all MoE inputs X (the Hessian of an expert sums over all windows in one
     matmul, as in one process; partial Hessians per rank would sum in another order).
-  Only rank 0 writes the work state; a layer counts as done once rank 0 has written it, and the
-  ranks meet at a barrier before the next one.
+  AWQ (kq.quantize.awq) goes through the same expert split, by single experts (awq+gptq: GPTQ's chunks).
+  Each rank writes its own part of the next inputs and of the layer's codes; only rank 0 writes the
+  work state; a layer counts as done once rank 0 has written it, and the ranks meet at a barrier
+  before the next one.
 
 Errors: checks that every rank makes (preflight) go through `agree`: one line from the lowest
 failing rank, the others exit quietly. An error in one rank mid-stage ends that process; torchrun

@@ -177,8 +177,7 @@ def quantize_experts(layer, X: torch.Tensor, cfg: GptqConfig, chunks: Iterable[i
         shared_h = (X.T @ X)[None] if cfg.policy == "all" else None             # [1, H, H]
     out, fallback = {}, []
     for k in (range(n_chunks(E, cfg)) if chunks is None else chunks):
-        c0 = k * cfg.expert_chunk
-        ids = list(range(c0, min(c0 + cfg.expert_chunk, E)))
+        ids = chunk_experts(E, cfg, [k])
         sel = [e for e in ids if cfg.policy == "all" or counts[e] >= cfg.min_tokens]
         for e in ids:
             if e not in sel:
@@ -219,15 +218,28 @@ def quantize_experts(layer, X: torch.Tensor, cfg: GptqConfig, chunks: Iterable[i
 
 
 def n_chunks(n_experts: int, cfg: GptqConfig) -> int:
-    """How many expert chunks quantize_experts solves (one batched solve each)."""
+    """How many expert chunks quantize_experts solves (one batched solve each). cfg: anything with an
+    `expert_chunk` (GptqConfig, or AwqConfig, whose chunks are split across torchrun ranks the same way)."""
     return -(-n_experts // cfg.expert_chunk)
+
+
+def chunk_experts(n_experts: int, cfg, chunks: Iterable[int] | None = None) -> list[int]:
+    """The experts of expert chunks `chunks` (default all), in order: chunk k holds experts
+    k*expert_chunk ... (k+1)*expert_chunk - 1."""
+    ks = range(n_chunks(n_experts, cfg)) if chunks is None else chunks
+    return [e for k in ks for e in range(k * cfg.expert_chunk, min((k + 1) * cfg.expert_chunk, n_experts))]
+
+
+def own_experts(n_experts: int, cfg) -> list[int]:
+    """The experts this rank solves under torchrun (its block of expert chunks; all in one process)."""
+    return chunk_experts(n_experts, cfg, distributed.split(n_chunks(n_experts, cfg)))
 
 
 def solve_experts(layer, X: torch.Tensor, cfg) -> tuple[dict, dict]:
     """The per-layer point of the layer-wise runner: quantize one layer's routed experts from its MoE
-    inputs X [T, H] with the method the config names (GptqConfig: GPTQ, split across torchrun ranks by
-    solve_layer_experts; kq.quantize.awq.AwqConfig: AWQ or AWQ+GPTQ, which every rank still solves
-    whole: the same bytes, no speed-up under torchrun yet); both return quantize_experts' results and stats."""
+    inputs X [T, H] with the method the config names (GptqConfig: GPTQ; kq.quantize.awq.AwqConfig: AWQ or
+    AWQ+GPTQ); both are split across torchrun ranks by solve_layer_experts, in chunks of cfg.expert_chunk
+    experts, and return quantize_experts' results and stats."""
     if hasattr(cfg, "solve_experts"):   # AwqConfig (kq.quantize.awq imports this module, not the reverse)
         return cfg.solve_experts(layer, X)
     return solve_layer_experts(layer, X, cfg)
@@ -303,13 +315,24 @@ def _save_acts(path: Path, hidden: list, carry: list) -> None:
     _atomic_save(t, path)
 
 
+def _part(work_dir: Path, kind: str, i: int, rank: int | None = None) -> Path:
+    """A work file of layer i, kind "acts" (its inputs) or "layer" (its results): one file, or under
+    torchrun one part per rank (its calibration batches / its experts)."""
+    return work_dir / (f"{kind}-{i:04d}.safetensors" if rank is None else f"{kind}-{i:04d}.rank{rank}.safetensors")
+
+
+def _parts(work_dir: Path, kind: str, i: int) -> list[Path]:
+    """Every file of that kind for layer i that exists: the whole file and any rank's part, of any world size."""
+    one = _part(work_dir, kind, i)
+    return [p for p in [one] if p.exists()] + sorted(work_dir.glob(f"{kind}-{i:04d}.rank*.safetensors"))
+
+
 def _acts(work_dir: Path, i: int, rank: int | None = None) -> Path:
-    """Inputs of layer i: one file, or under torchrun one part per rank holding its batches."""
-    return work_dir / (f"acts-{i:04d}.safetensors" if rank is None else f"acts-{i:04d}.rank{rank}.safetensors")
+    return _part(work_dir, "acts", i, rank)
 
 
 def _acts_files(work_dir: Path, i: int) -> list[Path]:
-    return [p for p in [_acts(work_dir, i)] if p.exists()] + sorted(work_dir.glob(f"acts-{i:04d}.rank*.safetensors"))
+    return _parts(work_dir, "acts", i)
 
 
 def _load_acts(work_dir: Path, i: int, n: int, device, batches: Iterable[int] | None = None) -> tuple[list, list]:
@@ -347,14 +370,16 @@ def fingerprint(model: LayerwiseModel, ids: torch.Tensor, cfg: GptqConfig) -> st
 
 def gptq_quantize_layers(model: LayerwiseModel, calib_ids: torch.Tensor, cfg: GptqConfig, work_dir: Path, *,
                          on_layer: Callable[[int, int, dict], None] | None = None,
-                         ) -> Iterator[tuple[int, Path, dict]]:
-    """Quantize every MoE decoder layer; yields (layer index, results file, stats) in order.
+                         ) -> Iterator[tuple[int, list[Path], dict]]:
+    """Quantize every MoE decoder layer; yields (layer index, results files, stats) in order.
 
-    The results file holds `<expert weight name>.packed` (int32) and `.scale` (bf16)
-    for every routed expert of the layer. Work state in `work_dir`:
+    The results files hold `<expert weight name>.packed` (int32) and `.scale` (bf16)
+    for every routed expert of the layer, each expert in one of them. Work state in `work_dir`:
       state.json                     {"fingerprint", "next_layer", "stats"}
       acts-<i>.safetensors           inputs of layer i = next_layer for all windows
       layer-<i>.safetensors          results of finished layers
+    Under torchrun `acts-<i>.rank<r>` holds rank r's calibration batches and `layer-<i>.rank<r>` the
+    experts rank r solved; a resumed run of any world size reads whichever files exist.
     """
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -388,18 +413,19 @@ def gptq_quantize_layers(model: LayerwiseModel, calib_ids: torch.Tensor, cfg: Gp
                                                              model.device, mine))
     distributed.barrier()
     for i in range(model.num_layers):
-        f = work_dir / f"layer-{i:04d}.safetensors"
         if i < state["next_layer"]:
-            yield i, f, state["stats"].get(str(i), {})
+            yield i, _parts(work_dir, "layer", i), state["stats"].get(str(i), {})
             continue
         layer = distributed.load_layer(model, i)
         stats: dict = {}
         res: dict = {}
+        own: list = []
         if hasattr(layer.mlp, "experts"):
             X = _moe_inputs(model, layer, hidden, carry)
             res, stats = solve_experts(layer, X, cfg)
             del X
             _set_experts(layer, res, cfg.group)
+            own = own_experts(layer.mlp.experts.gate_up_proj.shape[0], cfg)
         _propagate(model, layer, hidden, carry)
         del layer
         gc.collect()
@@ -408,17 +434,22 @@ def gptq_quantize_layers(model: LayerwiseModel, calib_ids: torch.Tensor, cfg: Gp
         state["next_layer"] = i + 1
         state["stats"][str(i)] = stats
         _save_acts(_acts(work_dir, i + 1, part), hidden, carry)   # each rank its own batches
-        if lead:
-            _atomic_save(_packed_tensors(model.layer_prefix(i), res), f)
+        # each rank the codes of the experts it solved (one process: all, in one file)
+        _atomic_save(_packed_tensors(model.layer_prefix(i), {e: res[e] for e in own}), _part(work_dir, "layer", i, part))
         distributed.barrier()   # every part of the results and of the next inputs is complete
         if lead:
+            # parts of layer i left by an unfinished attempt at another world size go before the state
+            # names the layer done: a finished layer's files are exactly the parts of the run that did it
+            ours = {_part(work_dir, "layer", i, r if part is not None else None) for r in range(distributed.world().size)}
+            for p in set(_parts(work_dir, "layer", i)) - ours:
+                p.unlink(missing_ok=True)
             _atomic_json(state, state_path)
             for p in _acts_files(work_dir, i):
                 p.unlink(missing_ok=True)
         distributed.barrier()   # the layer is done for every rank
         if on_layer:
             on_layer(i + 1, model.num_layers, stats)
-        yield i, f, stats
+        yield i, _parts(work_dir, "layer", i), stats
 
 
 # -- the quantize run's hook ---------------------------------------------------------------
@@ -458,8 +489,8 @@ def gptq_expert_codes(source, plan, out: Path, *, calib: str, samples: int, seql
     reader = reader_for(source)
     model = LayerwiseModel(reader, device=device)   # refuses families kq cannot run
     ids = calibration_ids(reader.folder, reader.config, calib, samples, seqlen)
-    files: dict[int, Path] = {}
-    handles: dict[int, object] = {}
+    files: dict[int, list[Path]] = {}
+    handles: dict[int, list] = {}
     # under_calibrated: experts the router sent fewer than min_tokens calibration tokens
     # ({layer: [experts]}); rtn_fallback: those of them quantized by RTN (policies routed/weighted).
     summary = {"calibration_tokens": int(ids.numel()), "policy": cfg.policy, "min_tokens": cfg.min_tokens,
@@ -467,8 +498,8 @@ def gptq_expert_codes(source, plan, out: Path, *, calib: str, samples: int, seql
 
     def run_pass() -> None:
         work = out / WORK_DIR / GPTQ_DIR
-        for i, f, stats in gptq_quantize_layers(model, ids, cfg, work, on_layer=on_layer):
-            files[i] = f
+        for i, fs, stats in gptq_quantize_layers(model, ids, cfg, work, on_layer=on_layer):
+            files[i] = fs
             if stats.get("rare"):
                 summary["under_calibrated"][str(i)] = stats["rare"]
             if stats.get("rtn_fallback"):
@@ -487,13 +518,14 @@ def gptq_expert_codes(source, plan, out: Path, *, calib: str, samples: int, seql
             if not files:
                 run_pass()
             if layer in files and layer not in handles:  # mmap'd: only the tensors asked for are read
-                handles[layer] = safe_open(str(files[layer]), framework="pt")
+                opened = [safe_open(str(f), framework="pt") for f in files[layer]]
+                handles[layer] = [(t, set(t.keys())) for t in opened]
         if layer not in files:  # the MTP layer (never run by the causal forward): RTN
             wf = dequantize_source(w, scale, device)
             q, s = quantize_rtn(wf, plan.group_size, "mse")
             return pack_parts(q, s, wf.shape)
-        t = handles[layer]
-        if name + ".packed" not in t.keys():
+        t = next((t for t, keys in handles[layer] if name + ".packed" in keys), None)   # the part that holds it
+        if t is None:
             raise KqError(f"GPTQ results for layer {layer} have no {name}")
         packed, s = t.get_tensor(name + ".packed"), t.get_tensor(name + ".scale")
         return packed, s, torch.tensor([packed.shape[0], packed.shape[1] * 8], dtype=torch.int64)

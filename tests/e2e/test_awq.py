@@ -15,7 +15,8 @@ from kq.checkpoint.reader import CheckpointReader
 from kq.model import LayerwiseModel
 from kq.quantize.awq import AwqConfig, awq_quantize_experts, clip_quantize, fold, search_scale
 from kq.quantize.calibration import calibration_ids
-from kq.quantize.layerwise import _moe_inputs
+from kq.quantize.distributed import World, merge_stats, split
+from kq.quantize.layerwise import _moe_inputs, chunk_experts, n_chunks
 from kq.quantize.rtn import MSE_DIVISORS, quantize_rtn
 from kq_testutil import calib_text, run_kq
 
@@ -124,7 +125,8 @@ def test_awq_lowers_the_layer_output_error_against_rtn(small_layer1):
         ex = layer.mlp.experts
         if name == "awq":
             res, stats = awq_quantize_experts(layer, X, AwqConfig(group=32))
-            assert all(a is not None for a in stats["alpha"]) and stats["rtn_fallback"] == []
+            assert sorted(stats["alpha"]) == list(range(ex.gate_up_proj.shape[0]))
+            assert all(a is not None for a in stats["alpha"].values()) and stats["rtn_fallback"] == []
         else:
             res = {e: (*quantize_rtn(ex.gate_up_proj.data[e], 32), *quantize_rtn(ex.down_proj.data[e], 32))
                    for e in range(ex.gate_up_proj.shape[0])}
@@ -132,6 +134,51 @@ def test_awq_lowers_the_layer_output_error_against_rtn(small_layer1):
             ex.gate_up_proj.data[e], ex.down_proj.data[e] = _deq(qg, sg, 32), _deq(qd, sd, 32)
         errs[name] = float((layer.mlp(X[None])[0] - want).square().sum())
     assert errs["awq"] < 0.95 * errs["rtn"], errs
+
+
+def test_awq_split_unit_is_one_expert_and_awq_gptq_keeps_gptqs_chunk():
+    """The torchrun split of AWQ's experts (distributed.split over n_chunks chunks): awq by single experts,
+    awq+gptq by GPTQ's batched chunks; every expert solved by exactly one rank."""
+    awq, both = AwqConfig(), AwqConfig(method="awq+gptq", gptq={"expert_chunk": 3})
+    assert (awq.expert_chunk, AwqConfig(method="awq+gptq").expert_chunk, both.expert_chunk) == (1, 16, 3)
+    blocks = [chunk_experts(4, awq, split(n_chunks(4, awq), World(r, 3))) for r in range(3)]
+    assert blocks == [[0, 1], [2], [3]]
+    blocks = [chunk_experts(256, awq, split(n_chunks(256, awq), World(r, 8))) for r in range(8)]
+    assert blocks == [list(range(32 * r, 32 * r + 32)) for r in range(8)]
+    blocks = [chunk_experts(8, both, split(n_chunks(8, both), World(r, 2))) for r in range(2)]
+    assert blocks == [[0, 1, 2, 3, 4, 5], [6, 7]]                           # chunks [0-2] [3-5] | [6-7]
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("method", ["awq", "awq+gptq"])
+def test_awq_of_a_block_of_chunks_solves_only_those_experts_with_the_whole_runs_bytes(small_layer1, method):
+    """What one rank does under torchrun: its block of chunks gives exactly those experts, bit for bit the
+    single solve's, folds only their weights (the other experts' weights keep every byte: no work was
+    done on them), and the ranks' stats merge into the single solve's."""
+    m, h, c = small_layer1
+    cfg = AwqConfig(method=method, group=32, gptq={"expert_chunk": 1} if method == "awq+gptq" else {})
+    whole = m.load_layer(1)
+    X = _moe_inputs(m, whole, h, c)
+    want, want_stats = awq_quantize_experts(whole, X, cfg)
+    E = whole.mlp.experts.gate_up_proj.shape[0]
+    assert sorted(want) == list(range(E)) and E == 4
+    stats = []
+    for r in range(3):
+        layer = m.load_layer(1)
+        ex = layer.mlp.experts
+        before = ex.gate_up_proj.data.clone(), ex.down_proj.data.clone()
+        chunks = split(n_chunks(E, cfg), World(r, 3))
+        got, st = awq_quantize_experts(layer, X, cfg, chunks=chunks)
+        mine = [[0, 1], [2], [3]][r]
+        assert sorted(got) == mine and sorted(st["alpha"]) == mine
+        for e in mine:
+            assert all(torch.equal(a, b) for a, b in zip(got[e], want[e]))
+            assert torch.equal(ex.gate_up_proj.data[e], whole.mlp.experts.gate_up_proj.data[e])   # folded alike
+            assert not st["alpha"][e] or not torch.equal(ex.gate_up_proj.data[e], before[0][e])
+        for e in set(range(E)) - set(mine):
+            assert torch.equal(ex.gate_up_proj.data[e], before[0][e]) and torch.equal(ex.down_proj.data[e], before[1][e])
+        stats.append(st)
+    assert merge_stats(stats) == want_stats
 
 
 def test_bad_awq_options_are_refused(tmp_path, small_glm5):

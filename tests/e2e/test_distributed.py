@@ -23,7 +23,7 @@ METHODS = {
     "rtn": ["--group-size", "32", "--device", "cpu"],
     "gptq": ["--method", "gptq", "--calib", "{calib}", "--calib-samples", "24", "--calib-seqlen", "32",
              "--gptq-expert-chunk", "1", "--group-size", "32", "--device", "cpu"],
-    # AWQ is not split across ranks yet (every rank solves every expert), but the windows are: same bytes.
+    # AWQ splits its experts one by one (awq+gptq: by GPTQ's chunks): world 2 takes 2/2, world 3 2/1/1.
     "awq": ["--method", "awq", "--calib", "{calib}", "--calib-samples", "24", "--calib-seqlen", "32",
             "--group-size", "32", "--device", "cpu"],
 }
@@ -43,6 +43,12 @@ def _torchrun(n, *args, timeout=600):
 def _hashes(folder: Path) -> dict[str, str]:
     return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _experts_in(path: Path) -> list[int]:
+    from safetensors import safe_open
+    with safe_open(str(path), framework="pt") as t:
+        return sorted({int(k.split(".experts.")[1].split(".")[0]) for k in t.keys()})
 
 
 @pytest.fixture(scope="module")
@@ -100,15 +106,23 @@ def test_torchrun_output_is_byte_identical_to_one_process(tmp_path, small_glm5, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method,kill_rank,point,rerun_world", [("rtn", 1, 1, 2), ("gptq", 1, 2, 1),
-                                                                ("gptq", 0, 1, 3)])
+                                                                ("gptq", 0, 1, 3), ("awq", 1, 2, 3)])
 def test_kill_one_rank_then_rerun_resumes_byte_identical(tmp_path, small_glm5, calib, single, method, kill_rank,
                                                          point, rerun_world):
     out = tmp_path / "out"
     r = _torchrun(2, HERE / "_dist_killed_run.py", small_glm5, out, method, calib, kill_rank, point)
     assert r.returncode != 0 and "finished without being killed" not in r.stdout, r.stderr[-3000:]
     assert not (out / "kq-manifest.json").exists()
-    if method == "gptq":   # the state names the last layer every rank finished
-        assert json.loads((out / ".kq-work" / "gptq" / "state.json").read_text())["next_layer"] == point
+    if method != "rtn":   # the state names the last layer every rank finished
+        work = out / ".kq-work" / "gptq"
+        assert json.loads((work / "state.json").read_text())["next_layer"] == point
+        # each finished layer's codes: one part per rank, holding exactly the experts that rank solved
+        # (expert chunks of 1: SMALL_GLM5's 4 experts split 2/2; layer 0 is dense)
+        for i in range(point):
+            assert sorted(p.name for p in work.glob(f"layer-{i:04d}*")) == \
+                [f"layer-{i:04d}.rank{r}.safetensors" for r in (0, 1)]
+            held = [_experts_in(work / f"layer-{i:04d}.rank{r}.safetensors") for r in (0, 1)]
+            assert held == ([[], []] if i == 0 else [[0, 1], [2, 3]]), (i, held)
     if rerun_world == 1:   # resumed by one process, without torchrun
         r = run_kq("quantize", small_glm5, "--out", out, *_args(method, calib), env={"OMP_NUM_THREADS": "1"})
     else:

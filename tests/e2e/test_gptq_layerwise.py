@@ -147,6 +147,29 @@ def test_crash_at_a_layer_boundary_then_resume_is_byte_identical(tmp_path, small
     assert all(got[k] == want[k] for k in want), [k for k in want if got[k] != want[k]]
 
 
+def test_a_finished_layers_codes_are_the_parts_of_the_run_that_finished_it(tmp_path, small_glm5):
+    """Codes parts of a layer left by an unfinished attempt at another world size (here a rank 2 part, with
+    wrong codes) are deleted before the layer is marked done; the layer's files are then exactly this run's."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    from kq.quantize.layerwise import gptq_quantize_layers
+    r = CheckpointReader(small_glm5)
+    m = LayerwiseModel(r)
+    ids = calibration_ids(small_glm5, r.config, calib_text(tmp_path), 8, 32)
+    work = tmp_path / "work"
+    work.mkdir()
+    name = m.layer_prefix(1) + "mlp.experts.0.gate_proj.weight.packed"
+    stale = work / "layer-0001.rank2.safetensors"
+    save_file({name: torch.zeros(4, 4, dtype=torch.int32)}, str(stale))
+    for i, files, _ in gptq_quantize_layers(m, ids, GptqConfig(group=32), work):
+        if i == 1:
+            assert files == [work / "layer-0001.safetensors"] and not stale.exists()
+            with safe_open(str(files[0]), framework="pt") as t:
+                assert t.get_tensor(name).shape != (4, 4)
+            assert json.loads((work / "state.json").read_text())["next_layer"] == 2
+            break
+
+
 @pytest.mark.gpu
 def test_crash_and_resume_on_the_gpu_is_byte_identical(tmp_path, small_glm5):
     """The same on CUDA (TF32 Hessians, cuBLAS): a run killed after layer 2 and resumed gives the
