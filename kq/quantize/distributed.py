@@ -223,19 +223,25 @@ def _one(t, meta, src: int, mine: bool, comm: torch.device, device: torch.device
     return _recv(meta, src, comm).to(device)
 
 
+# Solver stats that list this rank's own experts (joined over ranks); every other list stat is computed
+# from the whole layer on every rank ("tokens", "rare") and must agree. Named, not guessed from the values:
+# two ranks' own lists may be equal (both empty, say).
+OWN_EXPERT_LISTS = frozenset({"rtn_fallback"})
+
+
 def merge_stats(per_rank: list[dict]) -> dict:
-    """The solver's stats of each rank's experts -> one layer's: a value all ranks agree on is kept
-    (computed from the whole layer, e.g. routed token counts); lists of per-expert entries are
-    joined in rank order (= expert order: ranks own ascending blocks); dicts are merged."""
+    """The solver's stats of each rank's experts -> one layer's: OWN_EXPERT_LISTS joined in rank order
+    (= expert order: ranks own ascending blocks); dicts ({expert: value}) merged; any other value must
+    be the same on every rank (computed from the whole layer, e.g. routed token counts)."""
     out: dict = {}
     for k in dict.fromkeys(k for s in per_rank for k in s):
         vals = [s[k] for s in per_rank if k in s]
-        if all(v == vals[0] for v in vals):
-            out[k] = vals[0]
-        elif all(isinstance(v, list) for v in vals):
+        if k in OWN_EXPERT_LISTS:
             out[k] = [x for v in vals for x in v]
         elif all(isinstance(v, dict) for v in vals):
             out[k] = {kk: vv for v in vals for kk, vv in v.items()}
+        elif all(v == vals[0] for v in vals):
+            out[k] = vals[0]
         else:
             raise RuntimeError(f"ranks disagree on the solver's stat {k!r}")
     return out

@@ -88,6 +88,9 @@ def test_merge_stats_keeps_what_ranks_agree_on_and_joins_per_expert_lists_in_ran
     b = {"tokens": [5, 0, 9, 1], "rare": [1, 3], "rtn_fallback": [3]}
     assert merge_stats([a, b]) == {"tokens": [5, 0, 9, 1], "rare": [1, 3], "rtn_fallback": [1, 3]}
     assert merge_stats([{"scales": {0: 1.0}}, {"scales": {2: 0.5}}]) == {"scales": {0: 1.0, 2: 0.5}}
+    # each rank's own list is joined even where two ranks' lists are equal
+    assert merge_stats([{"rtn_fallback": []}, {"rtn_fallback": []}]) == {"rtn_fallback": []}
+    assert merge_stats([{"rtn_fallback": [2]}, {"rtn_fallback": [2]}]) == {"rtn_fallback": [2, 2]}
     with pytest.raises(RuntimeError, match="disagree"):
         merge_stats([{"n": 1}, {"n": 2}])
 
