@@ -3,10 +3,13 @@
 Order of work, and why:
 1. `check_output` refuses a folder holding anything but this same run (before the
    long part), and `check_disk` refuses a disk that cannot hold the output.
-2. Each output shard is written tensor by tensor to `<shard>.tmp` and renamed, then
+2. A calibrated method (GPTQ, AWQ) runs its layer-wise pass as a step of its own
+   (CalibratedStep.run, resumable layer by layer), once, before any shard job: the shard
+   jobs then only look codes up.
+3. Each output shard is written tensor by tensor to `<shard>.tmp` and renamed, then
    recorded in `.kq-work/state.json`. Killed anywhere, a rerun skips recorded shards
    and redoes the rest; the output is deterministic, so it ends byte-identical.
-3. Index, config.json, the copied non-weight files, then `kq-manifest.json` last.
+4. Index, config.json, the copied non-weight files, then `kq-manifest.json` last.
 Memory: a few expert tensors per shard job (float32 on the device on the CPU path) plus
 I/O chunks; kept tensors are copied from an mmap of their source file range.
 Profiling: KQ_PROFILE=1 sums wall time per stage over threads (read, h2d, kernel, d2h,
@@ -106,6 +109,13 @@ class Options:
 ExpertCodes = Callable[[str, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
+class CalibratedStep(Protocol):
+    """A calibrated method's codes (kq.quantize.layerwise.CalibratedCodes): `run()` is its model pass,
+    which run_quantize runs once before any shard job; calling it is then only a look-up (ExpertCodes)."""
+    def run(self) -> None: ...
+    def __call__(self, name: str, w: torch.Tensor, scale: torch.Tensor | None) -> tuple: ...
+
+
 def check_output(out: Path, fingerprint: str) -> str:
     """'new', 'resume' or 'done'; refuses anything else with one line."""
     if not out.exists():
@@ -183,10 +193,12 @@ def default_device() -> torch.device:
 
 def run_quantize(source: Source, plan: Plan, out: Path, opts: Options, *,
                  device: torch.device | None = None, progress: Progress | None = None,
-                 expert_codes: ExpertCodes | None = None,
+                 expert_codes: ExpertCodes | CalibratedStep | None = None,
                  after_shard: Callable[[str], None] | None = None,
                  kv_scales: dict[int, float] | None = None) -> dict:
-    """kv_scales: {layer: FP8 KV-cache scale} (kq.quantize.kv_scales) to write with the checkpoint."""
+    """expert_codes: kq's RTN when None; a CalibratedStep's `run()` (its calibration pass) runs here, once,
+    after the output folder is claimed and before any shard job (in every world size).
+    kv_scales: {layer: FP8 KV-cache scale} (kq.quantize.kv_scales) to write with the checkpoint."""
     out = Path(out)
     device = device or default_device()
     fp = opts.fingerprint(source)
@@ -211,8 +223,9 @@ def run_quantize(source: Source, plan: Plan, out: Path, opts: Options, *,
             return rtn_parts(name, w, scale, group=plan.group_size, clip=opts.clip, device=device)
 
     t0 = time.time()
-    if world.on and hasattr(expert_codes, "prepare"):
-        expert_codes.prepare()  # a calibrated method's layer pass takes every rank, shards or not
+    calibrate = getattr(expert_codes, "run", None)
+    if calibrate is not None:
+        calibrate()  # a calibrated method's layer pass: every rank takes part, shards or not
     # How many pending shards still need each source shard (to release streamed ones early).
     # Under torchrun each rank writes its block of the plan's shards (the same block on a resume).
     mine = distributed.split(len(plan.shards))
