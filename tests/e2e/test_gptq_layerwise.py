@@ -111,7 +111,7 @@ KILLER = textwrap.dedent("""
             os.kill(os.getpid(), signal.SIGKILL)
     codes = gptq_expert_codes(source, plan, out, calib=calib, samples=8, seqlen=64, device=device,
                               on_layer=on_layer)
-    run_quantize(source, plan, out, Options(method="gptq", group_size=32), device=device,
+    run_quantize(source, plan, out, Options(method="gptq", group_size=32, calib=calib), device=device,
                  expert_codes=codes)
 """)
 
@@ -200,7 +200,7 @@ def test_the_calibration_pass_is_a_step_run_once_before_any_shard_job(tmp_path, 
         events.append(("codes", None, threading.current_thread()))
         return lookup(*a)
     codes.run, codes.codes = spy_run, spy_lookup
-    summary = run_quantize(source, plan, out, Options(method="gptq", group_size=32, jobs=3),
+    summary = run_quantize(source, plan, out, Options(method="gptq", group_size=32, jobs=3, calib="calib.txt"),
                            device=torch.device("cpu"), expert_codes=codes)
     assert summary["status"] == "written" and run_kq("verify", out).returncode == 0
     kinds = [e[0] for e in events]
