@@ -46,6 +46,6 @@ if method in ("gptq", "awq"):
     cfg = GptqConfig(group=32, expert_chunk=1) if method == "gptq" else AwqConfig(group=32)
     codes = gptq_expert_codes(source, plan, out, calib=calib, samples=24, seqlen=32, device=device,
                               cfg=cfg, on_layer=on_layer)
-run_quantize(source, plan, out, Options(method=method, group_size=32), device=device, expert_codes=codes,
+run_quantize(source, plan, out, Options(method=method, group_size=32, calib=calib), device=device, expert_codes=codes,
              after_shard=after_shard)
 print("finished without being killed")

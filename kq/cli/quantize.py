@@ -53,7 +53,8 @@ def quantize(
                                     "(kept per row only where the error drops). Codes unchanged; a little slower."),
     gptq_expert_chunk: int = typer.Option(16, "--gptq-expert-chunk", help="GPTQ: experts solved together in one "
                                           "batched solve (memory: chunk x hidden^2 x 4 bytes of Hessians); under "
-                                          "torchrun, the unit split across ranks (256 experts / 16 = 16 chunks)."),
+                                          "torchrun, the unit split across ranks (256 experts / 16 = 16 chunks). "
+                                          "gptq and awq+gptq; awq alone always splits one expert at a time."),
     activations: str = typer.Option("none", "--activations", help="Expert input activations the config asks "
                                     "the server for: none (W4A16, decode) or fp8 (W4AFP8: dynamic per-token FP8, "
                                     "SGLang's CompressedTensorsW4AFP8MoE; group 128 only). Same tensors either way: "
@@ -97,7 +98,7 @@ def quantize(
     source, plan, opts, codes, done = distributed.agree(lambda: _prepare(
         src, to, out, group_size, method, clip, tp, ep, calib, calib_samples, calib_seqlen, calib_policy, gptq_damp,
         gptq_clip, gptq_asym, gptq_refit, gptq_expert_chunk, activations, keep_mtp, kv_cache, stream, staging, revision, device, jobs,
-        dev, world))
+        dev))
     out = out or default_out(src)
     quiet = as_json or not world.lead
     if done:
@@ -111,11 +112,11 @@ def quantize(
     if not quiet:
         ranks = f" x {world.size} ranks" if world.on else ""
         stderr.print(f"[bold]{source.name}[/] ({plan.recipe.title}) -> {out}: {plan.classes.get('routed expert -> int4', {}).get('tensors', 0)} "
-                     f"expert weights to INT4 g{plan.group_size} ({method}{'/' + clip if method == 'rtn' else ''}) on {dev.type}{ranks}, "
+                     f"expert weights to INT4 g{plan.group_size} ({opts.method}{'/' + opts.clip if opts.method == 'rtn' else ''}) on {dev.type}{ranks}, "
                      f"{human_bytes(plan.source_bytes)} -> {human_bytes(plan.output_bytes)}")
     kv_scales = None
-    if kv_cache:
-        kv_scales = _calibrate_kv(source, calib, calib_samples, calib_seqlen, dev, quiet=quiet)
+    if opts.kv_cache:
+        kv_scales = _calibrate_kv(source, opts.calib, opts.calib_samples, opts.calib_seqlen, dev, quiet=quiet)
     with ShardProgress(plan.source_bytes, len(plan.shards), enabled=not quiet) as prog:
         summary = run_quantize(source, plan, out, opts, device=dev, progress=prog, expert_codes=codes,
                                kv_scales=kv_scales)
@@ -138,58 +139,37 @@ def quantize(
 
 def _prepare(src, to, out, group_size, method, clip, tp, ep, calib, calib_samples, calib_seqlen, calib_policy,
              gptq_damp, gptq_clip, gptq_asym, gptq_refit, gptq_expert_chunk, activations, keep_mtp, kv_cache, stream,
-             staging, revision, device, jobs, dev, world):
-    """Every check before the long part (the same on every rank) -> (source, plan, opts, codes, done)."""
+             staging, revision, device, jobs, dev):
+    """The flags into one validated Options (kq.quantize.run.Options checks them all), then the source, the
+    plan and every check of the output folder (the same on every rank) -> (source, plan, opts, codes, done)."""
+    from dataclasses import replace
+
     from kq.quantize.plan import make_plan
-    from kq.quantize.run import Options, check_tuning_env, preflight
+    from kq.quantize.run import Options, preflight
 
     require(to == "int4", f"--to {to}: only int4 is supported")
-    require(method in ("rtn", "gptq", "awq", "awq+gptq"), f"--method {method}: use rtn, gptq, awq or awq+gptq")
-    require(clip in ("mse", "absmax"), f"--clip {clip}: use mse or absmax")
     require(device in ("auto", "cpu", "cuda"), f"--device {device}: use auto, cpu or cuda")
-    from kq.checkpoint.ct_config import FP8_ACTIVATION_GROUP, check_activations
-    # Before the source is opened (it may be a download); again below with the family's default group.
-    check_activations(activations, group_size if group_size is not None else FP8_ACTIVATION_GROUP)
-    check_tuning_env()
-    require(not (stream and world.on), "--stream under torchrun: ranks would delete shards others still read; "
-            "download the source first (run without --stream)")
-    require(gptq_expert_chunk >= 1, f"--gptq-expert-chunk {gptq_expert_chunk}: use 1 or more")
-    require(kv_cache in (None, "fp8"), f"--kv-cache {kv_cache}: only fp8 is supported")
-    require(kv_cache is None or calib is not None, "--kv-cache fp8 needs --calib FILE (calibration text)")
-    if method == "awq":
-        given = [o for o, v in (("--gptq-damp", gptq_damp is not None), ("--gptq-clip", gptq_clip != "mse"),
-                                ("--gptq-asym", gptq_asym), ("--gptq-refit-scales", gptq_refit)) if v]
-        require(not given, f"{', '.join(given)}: GPTQ options; use them with --method gptq or awq+gptq")
-    if method != "rtn" or kv_cache:
-        require(calib is not None, f"--method {method} needs --calib FILE (calibration text, or a Hub dataset org/name)")
+    opts = Options(method=method, group_size=group_size, clip=clip, stream=stream, activations=activations,
+                   jobs=jobs if jobs is not None else (8 if dev.type == "cuda" else 1), keep_mtp=keep_mtp,
+                   kv_cache=kv_cache, calib=calib, calib_samples=calib_samples, calib_seqlen=calib_seqlen,
+                   calib_policy=calib_policy, gptq_damp=gptq_damp, gptq_clip=gptq_clip, gptq_asym=gptq_asym,
+                   gptq_refit=gptq_refit, gptq_expert_chunk=gptq_expert_chunk)
+    if opts.calib is not None and (opts.method != "rtn" or opts.kv_cache):
         from kq.quantize.calibration import resolve_calib
-        resolve_calib(calib)  # fail (or download) before any model work
+        resolve_calib(opts.calib)  # fail (or download) before any model work
     out = out or default_out(src)
     staging = staging or (out / ".kq-work" / "download")
-    source = open_any(src, staging=staging, stream=stream, revision=revision)
-    plan = make_plan(source, group_size=group_size, tp=tp, ep=ep, keep_mtp=keep_mtp)
-    check_activations(activations, plan.group_size)
-    require(jobs is None or jobs >= 1, f"--jobs {jobs}: use 1 or more")
-    opts = Options(method=method, group_size=plan.group_size, clip=clip, stream=stream, activations=activations,
-                   jobs=jobs or (8 if dev.type == "cuda" else 1), keep_mtp=keep_mtp, kv_cache=kv_cache)
-    if kv_cache:
+    source = open_any(src, staging=staging, stream=opts.stream, revision=revision)
+    plan = make_plan(source, group_size=opts.group_size, tp=tp, ep=ep, keep_mtp=opts.keep_mtp)
+    opts = replace(opts, group_size=plan.group_size)   # the family's default group when none was given
+    if opts.kv_cache:
         from kq.quantize.kv_scales import check_mla
         check_mla(source.config)
     codes = None
-    if method != "rtn":
-        from kq.quantize.layerwise import POLICIES, GptqConfig, gptq_expert_codes
-        require(calib_policy in POLICIES, f"--calib-policy {calib_policy}: use one of {', '.join(POLICIES)}")
-        gptq_opts = dict(damp=gptq_damp, refit=gptq_refit, clip=gptq_clip, asym=gptq_asym)
-        if method == "gptq":
-            cfg = GptqConfig(group=plan.group_size, policy=calib_policy, expert_chunk=gptq_expert_chunk, **gptq_opts)
-        else:
-            from kq.quantize.awq import AwqConfig
-            # only the GPTQ options given go into the config (and so into the resume fingerprint)
-            given = {k: v for k, v in gptq_opts.items() if v not in (None, False, "mse")}
-            cfg = AwqConfig(method=method, group=plan.group_size, policy=calib_policy,
-                            gptq=given if method == "awq+gptq" else {})
-        codes = gptq_expert_codes(source, plan, out, calib=calib, samples=calib_samples, seqlen=calib_seqlen, device=dev,
-                                  cfg=cfg)
+    if opts.method != "rtn":
+        from kq.quantize.layerwise import gptq_expert_codes
+        codes = gptq_expert_codes(source, plan, out, calib=opts.calib, samples=opts.calib_samples,
+                                  seqlen=opts.calib_seqlen, device=dev, cfg=opts.method_config())
     done = preflight(source, plan, out, opts) == "done"
     return source, plan, opts, codes, done
 

@@ -452,7 +452,7 @@ def gptq_quantize_layers(model: LayerwiseModel, calib_ids: torch.Tensor, cfg: Gp
         yield i, _parts(work_dir, "layer", i), stats
 
 
-# -- the quantize run's hook ---------------------------------------------------------------
+# -- the quantize run's calibrated step ----------------------------------------------------
 
 GPTQ_DIR = "gptq"
 
@@ -464,82 +464,92 @@ def reader_for(source):
     return CheckpointReader(source.local_folder(), index=source.index)
 
 
-def gptq_expert_codes(source, plan, out: Path, *, calib: str, samples: int, seqlen: int,
-                      device: torch.device, cfg: GptqConfig | None = None, on_layer=None):
-    """The `expert_codes(name, w, scale) -> (weight_packed, weight_scale, weight_shape)` that
-    `kq.quantize.run.run_quantize` calls for each routed-expert weight, backed by GPTQ.
+class CalibratedCodes:
+    """A calibrated method (GPTQ, AWQ, AWQ+GPTQ) as a step of `kq.quantize.run.run_quantize`:
 
-    Checks and tokenizes the calibration data now (before the long part, nothing written);
-    the layer-wise GPTQ pass itself runs (or resumes) on the first call, i.e. after
-    run_quantize has claimed the output folder, into OUT/.kq-work/gptq; run_quantize
-    removes that folder when the checkpoint is finished. Weights of layers the causal
-    forward never runs (the MTP layer) get kq's RTN with MSE clipping: calibrating a
-    speculative-draft layer needs the draft's own forward, and its experts only affect
-    acceptance rates. `expert_codes.summary` holds the run's calibration summary.
+    - `run()`: the layer-wise calibration pass (or its resumption) into OUT/.kq-work/gptq.
+      run_quantize calls it once, after it has claimed the output folder and before any shard
+      job starts (under torchrun on every rank: each takes part in every layer's collectives).
+    - `codes(name, w, scale) -> (weight_packed, weight_scale, weight_shape)`, also the object's
+      `__call__`: the shard jobs' look-up of one routed-expert weight's codes in the pass's
+      per-layer files (it refuses to run before `run()`: no shard job starts a model pass).
+      Weights of layers the causal forward never runs (the MTP layer) get kq's RTN with MSE
+      clipping: calibrating a speculative-draft layer needs the draft's own forward, and its
+      experts only affect acceptance rates.
+    - `summary`: the run's calibration summary (filled by `run()`).
+    """
+
+    def __init__(self, plan, model: LayerwiseModel, ids: torch.Tensor, cfg, work: Path, device: torch.device,
+                 on_layer=None):
+        self.plan, self.model, self.ids, self.cfg, self.work = plan, model, ids, cfg, work
+        self.device, self.on_layer = device, on_layer
+        self.files: dict[int, list[Path]] | None = None   # None until run()
+        self._handles: dict[int, list] = {}
+        self._open = threading.Lock()   # the shard jobs share the cache of opened results files
+        # under_calibrated: experts the router sent fewer than min_tokens calibration tokens
+        # ({layer: [experts]}); rtn_fallback: those of them quantized by RTN (policies routed/weighted).
+        self.summary = {"calibration_tokens": int(ids.numel()), "policy": cfg.policy, "min_tokens": cfg.min_tokens,
+                        "under_calibrated": {}, "rtn_fallback": {}}
+
+    def run(self) -> None:
+        """The whole layer-wise pass, once (resumed from the work folder's finished layers)."""
+        if self.files is not None:
+            return
+        files = {}
+        for i, fs, stats in gptq_quantize_layers(self.model, self.ids, self.cfg, self.work, on_layer=self.on_layer):
+            files[i] = fs
+            if stats.get("rare"):
+                self.summary["under_calibrated"][str(i)] = stats["rare"]
+            if stats.get("rtn_fallback"):
+                self.summary["rtn_fallback"][str(i)] = stats["rtn_fallback"]
+        if distributed.world().lead:
+            _json_safe_write(self.work / "summary.json", self.summary)
+        self.files = files
+
+    def codes(self, name: str, w: torch.Tensor, scale: torch.Tensor | None):
+        from kq.quantize.experts import dequantize_source, pack_parts
+        from kq.recipes import expert_match
+        if self.files is None:
+            raise KqError("calibrated expert codes asked for before the calibration pass ran (CalibratedCodes.run)")
+        m = expert_match(name)
+        layer = int(m.group("layer")) if m else -1
+        if layer not in self.files:  # the MTP layer (never run by the causal forward): RTN
+            wf = dequantize_source(w, scale, self.device)
+            q, s = quantize_rtn(wf, self.plan.group_size, "mse")
+            return pack_parts(q, s, wf.shape)
+        with self._open:
+            if layer not in self._handles:  # mmap'd: only the tensors asked for are read
+                opened = [safe_open(str(f), framework="pt") for f in self.files[layer]]
+                self._handles[layer] = [(t, set(t.keys())) for t in opened]
+        t = next((t for t, keys in self._handles[layer] if name + ".packed" in keys), None)   # the part that holds it
+        if t is None:
+            raise KqError(f"GPTQ results for layer {layer} have no {name}")
+        packed, s = t.get_tensor(name + ".packed"), t.get_tensor(name + ".scale")
+        return packed, s, torch.tensor([packed.shape[0], packed.shape[1] * 8], dtype=torch.int64)
+
+    def __call__(self, name: str, w: torch.Tensor, scale: torch.Tensor | None):
+        return self.codes(name, w, scale)
+
+
+def gptq_expert_codes(source, plan, out: Path, *, calib: str, samples: int, seqlen: int,
+                      device: torch.device, cfg: GptqConfig | None = None, on_layer=None) -> CalibratedCodes:
+    """The calibrated step (`CalibratedCodes`) for `kq.quantize.run.run_quantize`, backed by GPTQ
+    (or AWQ / AWQ+GPTQ: cfg an AwqConfig).
+
+    Checks and tokenizes the calibration data now (before the long part, nothing written); the
+    pass itself runs in `run()`, which run_quantize calls after claiming the output folder, into
+    OUT/.kq-work/gptq; run_quantize removes that folder when the checkpoint is finished.
     """
     from kq.checkpoint.manifest import WORK_DIR
     from kq.quantize.calibration import calibration_ids
-    from kq.quantize.experts import dequantize_source, pack_parts
-    from kq.recipes import expert_match
 
-    out = Path(out)
     cfg = cfg or GptqConfig(group=plan.group_size)
     if cfg.group != plan.group_size:
         raise KqError(f"GPTQ group {cfg.group} differs from the plan's {plan.group_size}")
     reader = reader_for(source)
     model = LayerwiseModel(reader, device=device)   # refuses families kq cannot run
     ids = calibration_ids(reader.folder, reader.config, calib, samples, seqlen)
-    files: dict[int, list[Path]] = {}
-    handles: dict[int, list] = {}
-    # under_calibrated: experts the router sent fewer than min_tokens calibration tokens
-    # ({layer: [experts]}); rtn_fallback: those of them quantized by RTN (policies routed/weighted).
-    summary = {"calibration_tokens": int(ids.numel()), "policy": cfg.policy, "min_tokens": cfg.min_tokens,
-               "under_calibrated": {}, "rtn_fallback": {}}
-
-    def run_pass() -> None:
-        work = out / WORK_DIR / GPTQ_DIR
-        for i, fs, stats in gptq_quantize_layers(model, ids, cfg, work, on_layer=on_layer):
-            files[i] = fs
-            if stats.get("rare"):
-                summary["under_calibrated"][str(i)] = stats["rare"]
-            if stats.get("rtn_fallback"):
-                summary["rtn_fallback"][str(i)] = stats["rtn_fallback"]
-        if distributed.world().lead:
-            _json_safe_write(work / "summary.json", summary)
-
-    # run_quantize calls this from several shard jobs at once (--jobs): the pass runs once,
-    # under the lock, and the others wait for it.
-    lock = threading.Lock()
-
-    def expert_codes(name, w, scale):
-        m = expert_match(name)
-        layer = int(m.group("layer")) if m else -1
-        with lock:
-            if not files:
-                run_pass()
-            if layer in files and layer not in handles:  # mmap'd: only the tensors asked for are read
-                opened = [safe_open(str(f), framework="pt") for f in files[layer]]
-                handles[layer] = [(t, set(t.keys())) for t in opened]
-        if layer not in files:  # the MTP layer (never run by the causal forward): RTN
-            wf = dequantize_source(w, scale, device)
-            q, s = quantize_rtn(wf, plan.group_size, "mse")
-            return pack_parts(q, s, wf.shape)
-        t = next((t for t, keys in handles[layer] if name + ".packed" in keys), None)   # the part that holds it
-        if t is None:
-            raise KqError(f"GPTQ results for layer {layer} have no {name}")
-        packed, s = t.get_tensor(name + ".packed"), t.get_tensor(name + ".scale")
-        return packed, s, torch.tensor([packed.shape[0], packed.shape[1] * 8], dtype=torch.int64)
-
-    def prepare() -> None:
-        """The whole pass now, before any shard job (run_quantize calls it under torchrun): every rank
-        takes part in every layer's collectives, also a rank whose shards hold no expert."""
-        with lock:
-            if not files:
-                run_pass()
-
-    expert_codes.summary = summary
-    expert_codes.prepare = prepare
-    return expert_codes
+    return CalibratedCodes(plan, model, ids, cfg, Path(out) / WORK_DIR / GPTQ_DIR, device, on_layer)
 
 
 def _json_safe_write(path: Path, data) -> None:

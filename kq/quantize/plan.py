@@ -105,6 +105,11 @@ def tp_verdicts(intermediate: int, experts: int, group: int, degrees=TP_DEGREES)
     return out
 
 
+def check_group(group: int) -> None:
+    if group not in GROUP_SIZES:
+        raise KqError(f"--group-size {group} is not supported; use one of {', '.join(map(str, GROUP_SIZES))}")
+
+
 def working_groups(intermediate: int, tp: int) -> list[int]:
     return [g for g in GROUP_SIZES if intermediate and split_failures(intermediate, tp, g) == []]
 
@@ -122,8 +127,7 @@ def make_plan(source: Source, *, group_size: int | None = None, tp: int | None =
         raise KqError(f"{source.name}: unsupported source quantization {qc.get('quant_method')!r}; kq reads block FP8, "
                       "compressed-tensors per-channel FP8 and BF16")
     group = group_size or recipe.default_group_size
-    if group not in GROUP_SIZES:
-        raise KqError(f"--group-size {group} is not supported; use one of {', '.join(map(str, GROUP_SIZES))}")
+    check_group(group)
 
     wm = source.index.weight_map
     if any(n.endswith(".weight_packed") for n in wm):

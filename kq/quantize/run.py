@@ -3,10 +3,13 @@
 Order of work, and why:
 1. `check_output` refuses a folder holding anything but this same run (before the
    long part), and `check_disk` refuses a disk that cannot hold the output.
-2. Each output shard is written tensor by tensor to `<shard>.tmp` and renamed, then
+2. A calibrated method (GPTQ, AWQ) runs its layer-wise pass as a step of its own
+   (CalibratedStep.run, resumable layer by layer), once, before any shard job: the shard
+   jobs then only look codes up.
+3. Each output shard is written tensor by tensor to `<shard>.tmp` and renamed, then
    recorded in `.kq-work/state.json`. Killed anywhere, a rerun skips recorded shards
    and redoes the rest; the output is deterministic, so it ends byte-identical.
-3. Index, config.json, the copied non-weight files, then `kq-manifest.json` last.
+4. Index, config.json, the copied non-weight files, then `kq-manifest.json` last.
 Memory: a few expert tensors per shard job (float32 on the device on the CPU path) plus
 I/O chunks; kept tensors are copied from an mmap of their source file range.
 Profiling: KQ_PROFILE=1 sums wall time per stage over threads (read, h2d, kernel, d2h,
@@ -37,7 +40,7 @@ from kq.checkpoint.source import Source
 from kq.errors import KqError
 from kq.quantize import distributed
 from kq.quantize.experts import rtn_parts
-from kq.quantize.plan import FP8, Plan
+from kq.quantize.plan import FP8, Plan, check_group
 
 from kq.format import INDEX_NAME  # noqa: E402
 PREFETCH = 4  # expert tensors read ahead of the quantizer (and written behind it)
@@ -64,31 +67,89 @@ def _env_number(name: str, default, kind=int):
     return value
 
 
-def check_tuning_env() -> None:
-    """Refuse a bad KQ_GPU_WORKERS / KQ_SWITCH_INTERVAL_US with one line, before any work."""
-    Options()
-
-
 class Progress(Protocol):
     def start_shard(self, name: str, total_bytes: int) -> None: ...
     def advance(self, shard: str, nbytes: int) -> None: ...
     def end_shard(self, name: str, skipped: bool) -> None: ...
 
 
-@dataclass
+METHODS = ("rtn", "gptq", "awq", "awq+gptq")
+
+
+@dataclass(frozen=True)
 class Options:
-    method: str = "rtn"          # rtn | gptq
-    group_size: int = 128
+    """Every option of a quantize run, validated here and only here (`kq quantize` parses its flags into
+    one; `dataclasses.replace` validates again). What the manifest records of them: `finish`; what makes
+    a folder 'this same run': `fingerprint`."""
+    method: str = "rtn"          # rtn | gptq | awq | awq+gptq
+    group_size: int | None = 128  # None: the family's default, until the plan sets it (replace)
     clip: str = "mse"            # mse | absmax (RTN)
     stream: bool = False
     activations: str = "none"    # none (W4A16) | fp8 (W4AFP8): config.json only, same tensors
     jobs: int = 1                # output shards written at once (not part of the result)
     keep_mtp: bool = False       # the MTP layer's experts left as they came
     kv_cache: str | None = None  # "fp8": calibrated FP8 KV-cache scales written beside the shards
+    # Calibration (methods other than rtn, and --kv-cache): the text and the method's options
+    calib: str | None = None     # a local file or a Hub dataset (kq.quantize.calibration.resolve_calib)
+    calib_samples: int = 512
+    calib_seqlen: int = 512
+    calib_policy: str = "all"    # kq.quantize.layerwise.POLICIES
+    gptq_damp: float | None = None
+    gptq_clip: str = "mse"
+    gptq_asym: bool = False
+    gptq_refit: bool = False
+    gptq_expert_chunk: int = 16  # gptq, awq+gptq (awq alone splits one expert at a time)
     # Host tuning, from the environment by default (benchmarks/rtn.py A/Bs them; not part of the result)
     gpu_workers: int = field(default_factory=lambda: _env_number("KQ_GPU_WORKERS", GPU_WORKERS))
     switch_us: float = field(default_factory=lambda: _env_number("KQ_SWITCH_INTERVAL_US",
                                                                  sys.getswitchinterval() * 1e6, float))
+
+    def __post_init__(self):
+        from kq.checkpoint.ct_config import FP8_ACTIVATION_GROUP, check_activations
+
+        def require(cond: bool, msg: str) -> None:
+            if not cond:
+                raise KqError(msg)
+        require(self.method in METHODS, f"--method {self.method}: use rtn, gptq, awq or awq+gptq")
+        require(self.clip in ("mse", "absmax"), f"--clip {self.clip}: use mse or absmax")
+        # before the plan (group None): as at the family's default group; again with the plan's
+        if self.group_size is not None:
+            check_group(self.group_size)
+        check_activations(self.activations, self.group_size if self.group_size is not None else FP8_ACTIVATION_GROUP)
+        require(not (self.stream and distributed.world().on), "--stream under torchrun: ranks would delete shards "
+                "others still read; download the source first (run without --stream)")
+        require(self.gptq_expert_chunk >= 1, f"--gptq-expert-chunk {self.gptq_expert_chunk}: use 1 or more")
+        require(self.kv_cache in (None, "fp8"), f"--kv-cache {self.kv_cache}: only fp8 is supported")
+        require(self.kv_cache is None or self.calib is not None, "--kv-cache fp8 needs --calib FILE (calibration text)")
+        if self.method == "awq":
+            given = [o for o, v in (("--gptq-damp", self.gptq_damp is not None), ("--gptq-clip", self.gptq_clip != "mse"),
+                                    ("--gptq-asym", self.gptq_asym), ("--gptq-refit-scales", self.gptq_refit),
+                                    ("--gptq-expert-chunk", self.gptq_expert_chunk != 16)) if v]
+            require(not given, f"{', '.join(given)}: GPTQ options; use them with --method gptq or awq+gptq")
+        if self.method != "rtn":
+            from kq.quantize.layerwise import POLICIES
+            require(self.calib is not None,
+                    f"--method {self.method} needs --calib FILE (calibration text, or a Hub dataset org/name)")
+            require(self.calib_policy in POLICIES, f"--calib-policy {self.calib_policy}: use one of {', '.join(POLICIES)}")
+        require(self.jobs >= 1, f"--jobs {self.jobs}: use 1 or more")
+        self.method_config()   # a bad GPTQ option (--gptq-clip, --gptq-damp) is refused now
+
+    def method_config(self):
+        """The calibrated method's config (GptqConfig, AwqConfig; kq.quantize.layerwise's pass), None for rtn."""
+        if self.method == "rtn" or self.group_size is None:
+            return None
+        from kq.quantize.layerwise import GptqConfig
+        gptq = dict(damp=self.gptq_damp, refit=self.gptq_refit, clip=self.gptq_clip, asym=self.gptq_asym)
+        if self.method == "gptq":
+            return GptqConfig(group=self.group_size, policy=self.calib_policy, expert_chunk=self.gptq_expert_chunk,
+                              **gptq)
+        from kq.quantize.awq import AwqConfig
+        # only the GPTQ options given go into the config (and so into the resume fingerprint)
+        given = {k: v for k, v in gptq.items() if v not in (None, False, "mse")}
+        if self.gptq_expert_chunk != GptqConfig.expert_chunk:
+            given["expert_chunk"] = self.gptq_expert_chunk
+        return AwqConfig(method=self.method, group=self.group_size, policy=self.calib_policy,
+                         gptq=given if self.method == "awq+gptq" else {})
 
     def fingerprint(self, source: Source) -> str:
         """What must match for an existing folder to count as 'this same run'."""
@@ -104,6 +165,13 @@ class Options:
 
 # Given the expert weight's source name -> (weight_packed, weight_scale, weight_shape).
 ExpertCodes = Callable[[str, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+class CalibratedStep(Protocol):
+    """A calibrated method's codes (kq.quantize.layerwise.CalibratedCodes): `run()` is its model pass,
+    which run_quantize runs once before any shard job; calling it is then only a look-up (ExpertCodes)."""
+    def run(self) -> None: ...
+    def __call__(self, name: str, w: torch.Tensor, scale: torch.Tensor | None) -> tuple: ...
 
 
 def check_output(out: Path, fingerprint: str) -> str:
@@ -183,10 +251,12 @@ def default_device() -> torch.device:
 
 def run_quantize(source: Source, plan: Plan, out: Path, opts: Options, *,
                  device: torch.device | None = None, progress: Progress | None = None,
-                 expert_codes: ExpertCodes | None = None,
+                 expert_codes: ExpertCodes | CalibratedStep | None = None,
                  after_shard: Callable[[str], None] | None = None,
                  kv_scales: dict[int, float] | None = None) -> dict:
-    """kv_scales: {layer: FP8 KV-cache scale} (kq.quantize.kv_scales) to write with the checkpoint."""
+    """expert_codes: kq's RTN when None; a CalibratedStep's `run()` (its calibration pass) runs here, once,
+    after the output folder is claimed and before any shard job (in every world size).
+    kv_scales: {layer: FP8 KV-cache scale} (kq.quantize.kv_scales) to write with the checkpoint."""
     out = Path(out)
     device = device or default_device()
     fp = opts.fingerprint(source)
@@ -211,8 +281,9 @@ def run_quantize(source: Source, plan: Plan, out: Path, opts: Options, *,
             return rtn_parts(name, w, scale, group=plan.group_size, clip=opts.clip, device=device)
 
     t0 = time.time()
-    if world.on and hasattr(expert_codes, "prepare"):
-        expert_codes.prepare()  # a calibrated method's layer pass takes every rank, shards or not
+    calibrate = getattr(expert_codes, "run", None)
+    if calibrate is not None:
+        calibrate()  # a calibrated method's layer pass: every rank takes part, shards or not
     # How many pending shards still need each source shard (to release streamed ones early).
     # Under torchrun each rank writes its block of the plan's shards (the same block on a resume).
     mine = distributed.split(len(plan.shards))

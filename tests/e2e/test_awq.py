@@ -211,7 +211,7 @@ AWQ_KILLER = textwrap.dedent("""
             os.kill(os.getpid(), signal.SIGKILL)
     codes = gptq_expert_codes(source, plan, out, calib=calib, samples=8, seqlen=64, device=torch.device("cpu"),
                               cfg=AwqConfig(group=32), on_layer=on_layer)
-    run_quantize(source, plan, out, Options(method="awq", group_size=32), device=torch.device("cpu"),
+    run_quantize(source, plan, out, Options(method="awq", group_size=32, calib=str(calib)), device=torch.device("cpu"),
                  expert_codes=codes)
 """)
 

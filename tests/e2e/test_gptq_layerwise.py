@@ -111,7 +111,7 @@ KILLER = textwrap.dedent("""
             os.kill(os.getpid(), signal.SIGKILL)
     codes = gptq_expert_codes(source, plan, out, calib=calib, samples=8, seqlen=64, device=device,
                               on_layer=on_layer)
-    run_quantize(source, plan, out, Options(method="gptq", group_size=32), device=device,
+    run_quantize(source, plan, out, Options(method="gptq", group_size=32, calib=calib), device=device,
                  expert_codes=codes)
 """)
 
@@ -168,6 +168,45 @@ def test_a_finished_layers_codes_are_the_parts_of_the_run_that_finished_it(tmp_p
                 assert t.get_tensor(name).shape != (4, 4)
             assert json.loads((work / "state.json").read_text())["next_layer"] == 2
             break
+
+
+def test_the_calibration_pass_is_a_step_run_once_before_any_shard_job(tmp_path, small_glm5):
+    """run_quantize runs the calibrated method's pass (CalibratedCodes.run) once, on its own thread, after
+    it has claimed the output folder and before any shard job; the shard jobs (3 at once) only look
+    codes up, and a look-up before the pass is refused."""
+    import threading
+    from kq.checkpoint.source import open_source
+    from kq.quantize.layerwise import CalibratedCodes, gptq_expert_codes
+    from kq.quantize.plan import make_plan
+    from kq.quantize.run import Options, run_quantize
+    source = open_source(str(small_glm5))
+    plan = make_plan(source, group_size=32)
+    out = tmp_path / "out"
+    codes = gptq_expert_codes(source, plan, out, calib=str(calib_text(tmp_path)), samples=4, seqlen=32,
+                              device=torch.device("cpu"))
+    assert isinstance(codes, CalibratedCodes) and not out.exists()   # nothing written yet
+    name = next(t.src for sp in plan.shards for t in sp.tensors if t.action != "copy" and ".layers.1." in t.src)
+    with pytest.raises(KqError, match="before the calibration pass"):
+        codes(name, torch.zeros(1), None)
+    events = []
+    run, lookup = codes.run, codes.codes
+
+    def spy_run():
+        events.append(("run", (out / ".kq-work" / "run.json").exists(), threading.current_thread()))
+        run()
+        events.append(("ran", None, None))
+
+    def spy_lookup(*a):
+        events.append(("codes", None, threading.current_thread()))
+        return lookup(*a)
+    codes.run, codes.codes = spy_run, spy_lookup
+    summary = run_quantize(source, plan, out, Options(method="gptq", group_size=32, jobs=3, calib="calib.txt"),
+                           device=torch.device("cpu"), expert_codes=codes)
+    assert summary["status"] == "written" and run_kq("verify", out).returncode == 0
+    kinds = [e[0] for e in events]
+    assert kinds[:2] == ["run", "ran"] and kinds.count("run") == 1 and set(kinds[2:]) == {"codes"}
+    assert events[0][1] is True and events[0][2] is threading.main_thread()   # folder claimed, not a shard thread
+    assert codes.summary["calibration_tokens"] > 0
 
 
 @pytest.mark.gpu
