@@ -3,7 +3,7 @@ report every attempt whose output differs from an uninterrupted run (tensor by t
 
     .venv/bin/python benchmarks/gptq_resume_repeat.py [--attempts 12] [--kill-after 1] [--kills-only]
 
-Why: tests/test_gptq_layerwise.py::test_crash_at_a_layer_boundary_then_resume_is_byte_identical
+Why: tests/e2e/test_gptq_layerwise.py::test_crash_at_a_layer_boundary_then_resume_is_byte_identical
 failed about once in ten runs on a 2-core CPU in the fifth session (kill after layer 1: a few
 expert tensors of layers 1-2 differ). Sixth session: the resumed run is not the cause (8 resumes
 of one killed state were all byte-identical to the uninterrupted run); the killed run is. In about
@@ -47,14 +47,14 @@ from safetensors import safe_open
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from conftest import SMALL_GLM5  # noqa: E402
+from kq_testutil import SMALL_GLM5  # noqa: E402
 from kq_testutil import calib_text  # noqa: E402
 
 from kq.synth import generate  # noqa: E402
 
 
 def killer_source() -> str:
-    src = (ROOT / "tests" / "test_gptq_layerwise.py").read_text()
+    src = (ROOT / "tests" / "e2e" / "test_gptq_layerwise.py").read_text()
     start = src.index('KILLER = textwrap.dedent("""') + len('KILLER = textwrap.dedent("""')
     return textwrap.dedent(src[start:src.index('""")', start)])
 
