@@ -47,8 +47,7 @@ from safetensors import safe_open
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from kq_testutil import SMALL_GLM5  # noqa: E402
-from kq_testutil import calib_text  # noqa: E402
+from kq_testutil import SMALL_GLM5, calib_text  # noqa: E402
 
 from kq.synth import generate  # noqa: E402
 
