@@ -31,6 +31,10 @@ from a second Python thread during the killed run (a thread looping 256x256 matm
 the GPTQ pass starts, so both threads issue OpenMP/MKL work at once): 34 of 34 kills gave the usual
 acts-0001. Input alignment: layer 0's forward on its inputs copied to 256 different 16-byte offsets
 (0-4080 bytes mod 4096) gave one output and one carry. The cause is still open.
+2026-12-03 (kq b2cfc4f, the full test suite running beside it): `--kills-only --attempts 300` gave one acts-0001
+for all 300 kills. Since e01a424 the layer-wise pass runs as its own step before any shard job; until then it ran
+inside the first shard job, while that job's reader threads were already dequantizing their prefetched experts
+(torch CPU work in a second thread, timing-dependent). That is the likely cause, not a proven one.
 """
 from __future__ import annotations
 
