@@ -86,7 +86,7 @@ def graph_us(fns, reps: int = 15) -> float:
         fns[0]()
     torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, stream=side):       # warmed up and captured on one stream, as SGLang does
         for fn in fns:
             fn()
     g.replay()
@@ -421,6 +421,14 @@ def lanes_case(base, e, h, i, m, topk, group, tis, tw, a, touched):
         us = graph_us([lambda t=t: fused_moe_w4a16(a, lm, tw, t) for t in tis])
         log({**base, "kind": f"kq_lane_full_g{group}", "us": round(us, 2),
              "GBps": round(touched * 3 * i * h * bpw / us / 1e3, 1), "path": "cuda"})
+        if m == 1:      # the same MoE in four launches (moe_align, gate+up, down, combine): what one token ran before
+            def four(t):
+                rt = kops.moe_align(t, e, 8)
+                y = cuda_lanes.moe_down(cuda_lanes.moe_gate_up(a, lm, rt, topk), lm, rt)
+                return kops.combine_topk(y, t, tw, None, 1.0)
+            us = graph_us([lambda t=t: four(t) for t in tis])
+            log({**base, "kind": f"kq_lane_full4_g{group}", "us": round(us, 2),
+                 "GBps": round(touched * 3 * i * h * bpw / us / 1e3, 1), "path": "cuda, 4 launches"})
         del lm
         torch.cuda.empty_cache()
     except Exception as ex:

@@ -170,17 +170,60 @@ def moe_down(act, lm: PrepackedMoE, routing, variant: tuple | None = None,
     return y
 
 
+# (device, stream, size) -> int32 zeros: the down stage's combine counts (moe_lanes.cuh combine_tail), which
+# every launch leaves at zero; one per stream, so launches that may overlap never share one
+_COUNTERS: dict = {}
+
+
+def _counter(device: torch.device, n: int) -> torch.Tensor | None:
+    key = (device, torch.cuda.current_stream(device).cuda_stream, n)
+    if key not in _COUNTERS:
+        if torch.cuda.is_current_stream_capturing():   # memory of the graph's pool: not ours to keep
+            return None
+        _COUNTERS[key] = torch.zeros(n, dtype=torch.int32, device=device)
+    return _COUNTERS[key]
+
+
+def moe_down_combined(act, lm: PrepackedMoE, routing, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                      scale: float, variant: tuple | None = None) -> torch.Tensor | None:
+    """One token's down stage and top-k combine in one launch: out [1, H] = scale * sum_j w_j act[j] W_e(j)^T,
+    the maths and order of combine_topk; None where it does not apply (more than one token, weights not
+    contiguous float32, or no count buffer yet under CUDA-graph capture): the caller runs both steps."""
+    if topk_ids.shape[0] != 1 or topk_weights.dtype != torch.float32 or not topk_weights.is_contiguous():
+        return None
+    t = lm.hidden // 8
+    counter = _counter(act.device, t + 16)         # column groups: at most n_tiles / 2 + one CTA's 8
+    if counter is None:
+        return None
+    y = torch.empty(act.shape[0], lm.hidden, dtype=act.dtype, device=act.device)
+    fin = torch.empty(1, lm.hidden, dtype=act.dtype, device=act.device)
+    pairs, be, bs, bc = routing
+    nt, ks, stages, fold, *_ = variant or pick(pairs.numel(), lm.num_experts, t, lm.w2_q.shape[2], False, lm.group)
+    rc = _ext().launch_down_combine(act, lm.w2_q, lm.w2_s, y, pairs, be, bs, bc, lm.intermediate, t, lm.group, nt,
+                                    ks, stages, int(fold), topk_ids, topk_weights, fin, counter, float(scale))
+    if rc != 0:
+        raise RuntimeError(f"kq_moe_lanes_launch (down + combine) failed ({rc})")
+    return fin
+
+
 def fused_moe_lanes(x: torch.Tensor, pp: PrepackedMoE, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
                     expert_map: torch.Tensor | None = None, routed_scaling_factor: float = 1.0) -> torch.Tensor:
     """x [T, H] bf16 -> [T, H] bf16 with pp in the lane layout; the maths of
-    kq.kernels.reference.fused_moe_w4a16 (pairs whose expert the map sends to -1 add nothing)."""
-    from .triton_ops import combine_topk, moe_align
+    kq.kernels.reference.fused_moe_w4a16 (pairs whose expert the map sends to -1 add nothing). One token
+    (a decode step of batch 1) takes two launches: gate+up on triton_ops.one_token_routing's table (no
+    routing kernel), then down with the combine (moe_down_combined)."""
+    from .triton_ops import combine_topk, route
     if not pp.lane:
         raise ValueError("fused_moe_lanes: the experts must be prepacked with lane=True")
     k = topk_ids.shape[1]
     x = x.contiguous()
-    routing = moe_align(topk_ids, pp.num_experts, 8, expert_map)
-    y = moe_down(moe_gate_up(x, pp, routing, k), pp, routing)
+    routing = route(topk_ids, pp.num_experts, 8, expert_map)
+    act = moe_gate_up(x, pp, routing, k)
+    if routing[1].data_ptr() == topk_ids.data_ptr():      # the one-token table (its experts are the ids)
+        out = moe_down_combined(act, pp, routing, topk_ids, topk_weights, routed_scaling_factor)
+        if out is not None:
+            return out
+    y = moe_down(act, pp, routing)
     return combine_topk(y, topk_ids, topk_weights, expert_map, routed_scaling_factor)
 
 

@@ -250,6 +250,40 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, expert_map
     return pairs, blk_e, blk_s, blk_c
 
 
+# (device, k) -> (arange(k), ones(k)) int32: the constant half of one token's routing table
+_ONE_TOKEN: dict = {}
+
+
+def one_token_routing(topk_ids: torch.Tensor):
+    """The routing table of a single token without a kernel launch, or None where it does not apply.
+
+    One token's k pairs go to k different experts, so grouping by expert leaves one pair a block
+    whatever the order: pair j is block j, of count 1, of expert topk_ids[0, j] (a -1 id makes the
+    block unused, as moe_align does). blk_expert is topk_ids itself (int32, read where it lies); pairs
+    and blk_start are arange(k), blk_count ones(k), made once per device and k. The kernels read the
+    same weights as from moe_align's table (which holds the same blocks, in expert order), and a decode
+    step of one token saves moe_align's launch. Applies to int32 contiguous ids of one token; the
+    constant tensors are not made during CUDA-graph capture (their memory would belong to the graph's
+    pool), so a first call under capture gets None: SGLang runs each batch size before capturing it."""
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != 1 or topk_ids.dtype != torch.int32 or not topk_ids.is_contiguous():
+        return None
+    k = topk_ids.shape[1]
+    key = (topk_ids.device, k)
+    if key not in _ONE_TOKEN:
+        if topk_ids.is_cuda and torch.cuda.is_current_stream_capturing():
+            return None
+        _ONE_TOKEN[key] = (torch.arange(k, dtype=torch.int32, device=topk_ids.device),
+                           torch.ones(k, dtype=torch.int32, device=topk_ids.device))
+    ar, ones = _ONE_TOKEN[key]
+    return ar, topk_ids.view(-1), ar, ones
+
+
+def route(topk_ids: torch.Tensor, num_experts: int, block_m: int, expert_map: torch.Tensor | None = None):
+    """The fused MoE's routing table: one_token_routing where it applies (no expert map), else moe_align."""
+    one = one_token_routing(topk_ids) if expert_map is None else None
+    return one if one is not None else moe_align(topk_ids, num_experts, block_m, expert_map)
+
+
 def moe_gate_up(x, pp: PrepackedMoE, routing, top_k: int, cfg: TileConfig) -> torch.Tensor:
     """Stage 1: act[p] = silu(x[p // k] @ gate_e^T) * (x[p // k] @ up_e^T), [P, I] bf16."""
     p = routing[0].numel()
@@ -283,9 +317,9 @@ def fused_moe_w4a16(x: torch.Tensor, pp: PrepackedMoE, topk_weights: torch.Tenso
     k = topk_ids.shape[1]
     x = x.contiguous()
     cfg1, cfg2 = configs or moe_configs(t * k, pp.num_experts, h, pp.intermediate, _num_sms(x.device), pp.group)
-    r1 = moe_align(topk_ids, pp.num_experts, cfg1.block_m, expert_map)
+    r1 = route(topk_ids, pp.num_experts, cfg1.block_m, expert_map)
     act = moe_gate_up(x, pp, r1, k, cfg1)
-    r2 = r1 if cfg2.block_m == cfg1.block_m else moe_align(topk_ids, pp.num_experts, cfg2.block_m, expert_map)
+    r2 = r1 if cfg2.block_m == cfg1.block_m else route(topk_ids, pp.num_experts, cfg2.block_m, expert_map)
     y = moe_down(act, pp, r2, cfg2)
     return combine_topk(y, topk_ids, topk_weights, expert_map, routed_scaling_factor)
 

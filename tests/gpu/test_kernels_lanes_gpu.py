@@ -165,3 +165,51 @@ def test_public_linear_on_the_lane_layout(m, path):
     got = w4a16_linear(x, prepack_linear(p[0], s[0], 64, lane=True))
     assert got.shape == (1, m, 1024)
     assert _rel(got, reference.w4a16_linear(x, prepack_linear(p[0], s[0], 64))) < 8e-3
+
+
+@pytest.mark.parametrize("variant", [v for v in lanes.DOWN_VARIANTS + lanes.DOWN_SCALE_A_VARIANTS])
+@pytest.mark.parametrize("group", [128, 32])
+def test_one_token_down_with_combine(variant, group):
+    """One token: the down stage with the top-k combine in the same launch (moe_lanes.cuh combine_tail)
+    against the two-launch path (moe_down, then combine_topk) and the float64 maths; a -1 pair (another
+    EP rank's expert) adds nothing; three launches in a row and a CUDA-graph replay, so the arrival
+    counts must return to zero; H = 640: a last column group of fewer warps."""
+    from kq.kernels.triton_ops import combine_topk, route
+    if variant[3] == lanes.SCALE_A and group == 128:
+        pytest.skip("SCALE_A instances are built below group 128 only")
+    gen = torch.Generator(device=DEV).manual_seed(group + sum(map(int, variant)))
+    E, H, I, k = 32, 640, 384, 8
+    p2, s2, w2 = _weights(E, H, I, group, gen)
+    p13, s13, _ = _weights(E, 2 * I, H, group, gen)
+    lm = prepack_moe(p13, s13, p2, s2, group, lane=True)
+    ids = torch.randperm(E, generator=gen, device=DEV)[:k].to(torch.int32)[None].contiguous()
+    ids[0, 3] = -1
+    tw = torch.rand(1, k, generator=gen, device=DEV)
+    rt = route(ids, E, 8)
+    assert rt[1].data_ptr() == ids.data_ptr()
+    a = (torch.randn(k, I, generator=gen, device=DEV) + 0.5).to(torch.bfloat16)
+    two = combine_topk(lanes.moe_down(a, lm, rt, variant), ids, tw, None, 2.5)
+    loc = ids[0].long().clamp(min=0)
+    y = torch.einsum("pi,phi->ph", a.double(), w2[loc]).to(torch.bfloat16).double()
+    want = 2.5 * ((tw[0].double() * (ids[0] >= 0))[:, None] * y).sum(0, keepdim=True)
+    for _ in range(3):
+        got = lanes.moe_down_combined(a, lm, rt, ids, tw, 2.5, variant)
+        assert got is not None and got.shape == (1, H)
+        assert torch.allclose(got.float(), two.float(), rtol=2 ** -7, atol=0)
+        assert _rel(got, want) < 1e-2
+    # captured as SGLang does: a run on the capture stream first (which makes that stream's count buffer)
+    st = torch.cuda.Stream()
+    st.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(st):
+        assert lanes.moe_down_combined(a, lm, rt, ids, tw, 2.5, variant) is not None
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=st):
+        out = lanes.moe_down_combined(a, lm, rt, ids, tw, 2.5, variant)
+    assert out is not None
+    ids[0, 3] = next(e for e in range(E) if e not in ids[0].tolist())
+    ids[0, 5] = -1
+    g.replay()
+    g.replay()
+    torch.cuda.synchronize()
+    again = combine_topk(lanes.moe_down(a, lm, rt, variant), ids, tw, None, 2.5)
+    assert torch.allclose(out.float(), again.float(), rtol=2 ** -7, atol=0)

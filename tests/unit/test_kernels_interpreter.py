@@ -200,6 +200,39 @@ def test_routing_table_covers_each_local_pair_once():
     _check_routing(ids, torch.tensor([1, -1, 2, 0, 4, 5], dtype=torch.int32), 6, 4)
 
 
+def test_one_token_routing_is_the_identity_without_a_launch():
+    ids = torch.tensor([[3, 0, -1, 5]], dtype=torch.int32)
+    pairs, blk_e, blk_s, blk_c = ops.route(ids, 6, 16)
+    assert blk_e.data_ptr() == ids.data_ptr()                 # the ids themselves, read in place
+    assert pairs.tolist() == blk_s.tolist() == [0, 1, 2, 3] and blk_c.tolist() == [1, 1, 1, 1]
+    assert ops.route(ids, 6, 8)[0] is pairs                   # the constant half is made once
+    # every local pair exactly once with its expert, the -1 pair in an unused block: moe_align's contract
+    local = reference.local_expert_ids(ids, None).flatten()
+    seen = [int(pairs[int(blk_s[b])]) for b in range(4) if int(blk_e[b]) >= 0]
+    assert seen == [0, 1, 3] and all(int(blk_e[b]) == int(local[p]) for b, p in zip([0, 1, 3], seen))
+    # not one token, int64 ids, or an expert map: moe_align's table (blocks in expert order)
+    two = torch.tensor([[3, 0], [0, 5]], dtype=torch.int32)
+    assert ops.one_token_routing(two) is None and ops.one_token_routing(ids.long()) is None
+    assert set(ops.route(two, 6, 16)[1].tolist()) == {0, 3, 5, -1}
+    emap = torch.tensor([1, -1, 2, 0, 4, 5], dtype=torch.int32)
+    assert ops.route(ids, 6, 16, emap)[1].tolist()[:3] == [0, 1, 5]      # local ids 0, 1, -1, 5 sorted
+
+
+@pytest.mark.parametrize("group,ids", [(32, [[0, 3, 5]]), (128, [[4, -1, 1]])])
+def test_one_token_moe_matches_reference(group, ids):
+    gen = torch.Generator().manual_seed(group)
+    E, H, I = 6, 256, 128
+    p13, s13 = _weights(E, 2 * I, H, group, gen)
+    p2, s2 = _weights(E, H, I, group, gen)
+    pp = prepack_moe(p13, s13, p2, s2, group)
+    x = torch.randn(1, H, generator=gen).to(torch.bfloat16)
+    ids = torch.tensor(ids, dtype=torch.int32)
+    tw = torch.rand(1, 3, generator=gen)
+    got = ops.fused_moe_w4a16(x, pp, tw, ids, routed_scaling_factor=2.5)
+    want = reference.fused_moe_w4a16(x, pp, tw, ids, routed_scaling_factor=2.5)
+    assert _rel(got, want) < 1.5e-2
+
+
 @pytest.mark.parametrize("group,use_map,cfgs", [
     (32, False, None),
     (64, True, (ops.TileConfig(16, 32, 2), ops.TileConfig(16, 64, 1))),

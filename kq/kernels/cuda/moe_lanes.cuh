@@ -52,6 +52,13 @@ struct Params {
   const int* blk_count;
   int lda, ldo, K, kb_total, groups, n_tiles, n_tiles_all, up_tiles, a_row_div;
   int rows;                    // DENSE: rows of a (one matrix, no routing table)
+  // The down stage of one token with counter set: the top-k combine in the same launch (combine_tail)
+  const int* cids;             // [cpairs] the token's expert ids (-1: a pair not computed here)
+  const float* cw;             // [cpairs] its top-k weights
+  __nv_bfloat16* fin;          // [N] the combined row
+  int* counter;                // [column groups] arrivals, 0 between launches (the last warp resets it)
+  float cscale;                // routed scaling factor
+  int cpairs;
 };
 
 constexpr uint32_t NEG136 = 0xC308C308u;   // bf16x2 (-136, -136)
@@ -247,6 +254,30 @@ __device__ __forceinline__ void issue_w(uint32_t slot, const int4* const (&qb)[N
       for (int c = 0; c < 2; ++c) cp_async16(slot + ((i * MATS + m) * 2 + c) * 512, qb[i][m][c] + (size_t)kb * 32);
 }
 
+// The top-k combine of one token inside the down stage: every routed block's warp of column group cg
+// counts itself in once its rows of out are written (fence, then one atomic); the last of them (gridDim.y
+// arrivals) sums the token's rows of out for the group's 16 NT columns in pair order, as
+// moe_combine.py's kernel does (fp32, the same order), and resets the count for the next launch.
+template <int NT>
+__device__ __forceinline__ void combine_tail(const Params& p, int cg, int lane) {
+  __threadfence();                                 // this lane's stores, device-wide, before the count
+  __syncwarp();
+  int last = 0;
+  if (lane == 0) last = atomicAdd(p.counter + cg, 1) == static_cast<int>(gridDim.y) - 1;
+  if (!__shfl_sync(0xffffffffu, last, 0)) return;
+  __threadfence();
+  const int n = p.n_tiles * 8;
+  for (int c = lane; c < 16 * NT; c += 32) {
+    const int col = 16 * NT * cg + c;
+    if (col >= n) break;
+    float acc = 0.f;
+    for (int j = 0; j < p.cpairs; ++j)             // rows written by other CTAs: read through L2
+      if (p.cids[j] >= 0) acc += p.cw[j] * __bfloat162float(__ldcg(p.out + (size_t)j * p.ldo + col));
+    p.fin[col] = __float2bfloat16_rn(acc * p.cscale);
+  }
+  if (lane == 0) p.counter[cg] = 0;
+}
+
 // Launch shape: CTAs of WARPS warps; KSPLIT consecutive warps share NT column pairs and split the
 // 128-input blocks between them (summed through shared memory at the end: the CTA's one barrier),
 // so a layer with few routed blocks or few columns (1 token; Kimi's TP-8 slice) still fills the GPU.
@@ -283,7 +314,13 @@ __global__ void __launch_bounds__(32 * WARPS, (WARPS > 4 ? 1 : min_ctas<NT, GATE
   const int g = lane >> 2, t = lane & 3;
   const int blk = DENSE ? blockIdx.x : blockIdx.y;
   const int e = DENSE ? 0 : p.blk_expert[blk];
-  if (e < 0) return;                              // a block the routing did not use (uniform per CTA)
+  if (e < 0) {                                    // a block the routing did not use (uniform per CTA)
+    if constexpr (!DENSE && !GATED) {              // it still counts for the combine of its column groups
+      const int cg = blockIdx.x * (WARPS / KSPLIT) + warp / KSPLIT;
+      if (p.counter && warp % KSPLIT == 0 && 2 * cg * NT < p.n_tiles) combine_tail<NT>(p, cg, lane);
+    }
+    return;
+  }
   const int start = DENSE ? 8 * blk : p.blk_start[blk];
   const int count = DENSE ? min(8, p.rows - start) : p.blk_count[blk];
   const int cgroup = (DENSE ? blockIdx.y : blockIdx.x) * (WARPS / KSPLIT) + warp / KSPLIT;
@@ -423,6 +460,9 @@ __global__ void __launch_bounds__(32 * WARPS, (WARPS > 4 ? 1 : min_ctas<NT, GATE
         p.out[(size_t)(DENSE ? start + row : rows_out[row]) * p.ldo + col] = __float2bfloat16_rn(y);
       }
     }
+  }
+  if constexpr (!DENSE && !GATED) {
+    if (p.counter) combine_tail<NT>(p, cgroup, lane);
   }
 }
 

@@ -14,11 +14,14 @@ int kq_moe_lanes_launch(const void* a, const void* q, const void* s, void* out, 
                         const int* blk_expert, const int* blk_start, const int* blk_count, int n_blocks,
                         int lda, int ldo, int K, int kb_total, int groups, int n_tiles, int n_tiles_all,
                         int up_tiles, int a_row_div, int gated, int group, int nt, int ksplit, int stages, int fold,
-                        int xsm, void* stream) {
+                        int xsm, const int* cids, const float* cw, void* fin, int* counter, float cscale,
+                        int cpairs, void* stream) {
   const kq_lanes::Params p{static_cast<const __nv_bfloat16*>(a), static_cast<const int4*>(q),
                            static_cast<const __nv_bfloat16*>(s), static_cast<__nv_bfloat16*>(out), pairs,
                            blk_expert, blk_start, blk_count, lda, ldo, K, kb_total, groups, n_tiles,
-                           n_tiles_all, up_tiles, a_row_div, 0};
+                           n_tiles_all, up_tiles, a_row_div, 0, cids, cw,
+                           static_cast<__nv_bfloat16*>(fin), counter, cscale, cpairs};
+  if (counter && (gated || cids == nullptr || cw == nullptr || fin == nullptr)) return -1;
   if (n_tiles % 2) return -1;
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   switch (group) {
