@@ -173,7 +173,8 @@ def main() -> None:
         t["solver" + r] = round(solver["s"], 3)
         t["hessians" + r] = round(max(t["own_chunks" + r] - t["routing"] - t["solver" + r], 0.0), 3)
         keys = sorted(res)
-        res_all = {e: tuple(x.clone() for x in res[keys[e % len(keys)]]) for e in range(E)}   # what every rank holds after bcast_res
+        # what every rank holds after bcast_res
+        res_all = {e: tuple(x.clone() for x in res[keys[e % len(keys)]]) for e in range(E)}
         phase("set_experts" + r, lambda: lw._set_experts(layer, res_all, cfg.group))
         phase("propagate" + r, lambda: lw._propagate(model, layer, hidden, carry))
         return layer, res

@@ -514,6 +514,7 @@ def gptq_quantize_layers(model: LayerwiseModel, calib_ids: torch.Tensor, cfg: Gp
             }
             done = finish(*pending) if pending else None
             writer.submit(files)
+            del files   # the writer's until written: not held through the next layer
             pending = (i, stats)
             if done:
                 yield done

@@ -26,7 +26,8 @@ def test_a_write_runs_on_another_thread_while_the_caller_goes_on_one_layer_at_a_
         assert not a.exists() and not b.exists()   # submit returned with the write still held at the gate
         gate.set()
         w.wait()
-        assert torch.equal(load_file(str(a))["h.0"], ta["h.0"]) and torch.equal(load_file(str(b))["x.packed"], tb["x.packed"])
+        assert torch.equal(load_file(str(a))["h.0"], ta["h.0"])
+        assert torch.equal(load_file(str(b))["x.packed"], tb["x.packed"])
         assert writers and all(t is not threading.current_thread() for t in writers)
         # at most one layer's files in flight: the next submit returns only after the previous write ended
         gate.clear()
