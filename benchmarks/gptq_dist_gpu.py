@@ -27,8 +27,27 @@ bytes each rank receives / --link-gbps (NVLink, NCCL broadcast; an assumption, p
 (3 of GLM-5.2's 78) count as load_own + moe_inputs + propagate + save_acts (an upper bound).
 save_acts assumes the disk takes N writers at once at one writer's rate (local NVMe per GPU or a
 parallel file system); --disk-gbps caps the N writers' total (0: no cap).
+
+Overlapped writes: the runner writes a layer's files (save_acts, save_results) on a background thread
+while the next layer computes (kq.quantize.layerwise._LayerWriter), after host copies made on the main
+thread. Measured here for real: after the stages above, host_copy makes this layer's host copies as the
+runner does (lw._host_acts, lw._packed_tensors), the real writer gets them, and a second round of the
+compute stages runs meanwhile (load_own, moe_inputs, own_chunks, set_experts, propagate: the same calls;
+the routing-only call is round 1's way of splitting own_chunks and is not repeated, round 2 splits with
+round 1's routing time); write_wait is the wait for the writer after that round.
+  compute_round_s     round 1's sum of those five stages (no writes running)
+  overlapped_round_s  round 2's wall time from handing the files over to the writer being done
+  host_copy_s         the main thread's host copies (not overlapped)
+Projected MoE layer with overlapped writes: the stages above with round 2's times in place of round 1's
+(scaled the same way; the broadcasts the same estimates), no save_acts / save_results, plus
+(host_copy + write_wait) x the own-windows ratio (like save_acts, which dominates both). The wait is
+measured behind this run's compute, shorter than the projected one (routing and hessians x P / samples,
+the broadcasts): an upper bound of what the writes add. With --disk-gbps, the writes' part is at least
+the capped save_acts + save_results less the projected compute. Dense layers count their writes in full,
+as before.
 Prints each stage as it ends (stderr) and one JSON line (stdout): stages, per-layer and whole-model
-projections in hours, peak GPU memory, and the per-rank memory estimate at the projected size.
+projections in hours (sequential writes, as before, and overlapped), peak GPU memory, and the per-rank
+memory estimate at the projected size.
 """
 from __future__ import annotations
 
@@ -121,13 +140,6 @@ def main() -> None:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
 
-    layer = phase("load_own", lambda: model.load_layer(0, experts=own_experts))
-    ex = layer.mlp.experts
-    for e in range(E):   # the experts other ranks would send: copies of this rank's (realistic values)
-        if e not in own_experts:
-            ex.gate_up_proj.data[e] = ex.gate_up_proj.data[own_experts[e % len(own_experts)]]
-            ex.down_proj.data[e] = ex.down_proj.data[own_experts[e % len(own_experts)]]
-    X = phase("moe_inputs", lambda: lw._moe_inputs(model, layer, hidden, carry))
     solver = {"s": 0.0}
     inner = lw.gptq_quantize
 
@@ -138,31 +150,68 @@ def main() -> None:
         sync()
         solver["s"] += time.time() - t0
         return r
-    lw.gptq_quantize = timed_solver
-    phase("routing", lambda: lw.quantize_experts(layer, X, cfg, chunks=[]))
-    res, _ = phase("own_chunks", lambda: lw.quantize_experts(layer, X, cfg, chunks=own_chunks))
-    lw.gptq_quantize = inner
-    del X
-    t["solver"] = round(solver["s"], 3)
-    t["hessians"] = round(max(t["own_chunks"] - t["routing"] - t["solver"], 0.0), 3)
-    keys = sorted(res)
-    res_all = {e: tuple(x.clone() for x in res[keys[e % len(keys)]]) for e in range(E)}   # what every rank holds after bcast_res
-    phase("set_experts", lambda: lw._set_experts(layer, res_all, cfg.group))
-    phase("propagate", lambda: lw._propagate(model, layer, hidden, carry))
+
+    def compute_round(r: str):
+        """One layer's compute stages, timed as `<stage><r>`; round 1 (r "") also times routing alone.
+        -> (the layer, this rank's expert results)."""
+        layer = phase("load_own" + r, lambda: model.load_layer(0, experts=own_experts))
+        ex = layer.mlp.experts
+        for e in range(E):   # the experts other ranks would send: copies of this rank's (realistic values)
+            if e not in own_experts:
+                ex.gate_up_proj.data[e] = ex.gate_up_proj.data[own_experts[e % len(own_experts)]]
+                ex.down_proj.data[e] = ex.down_proj.data[own_experts[e % len(own_experts)]]
+        X = phase("moe_inputs" + r, lambda: lw._moe_inputs(model, layer, hidden, carry))
+        solver["s"] = 0.0
+        lw.gptq_quantize = timed_solver
+        try:
+            if not r:
+                phase("routing", lambda: lw.quantize_experts(layer, X, cfg, chunks=[]))
+            res, _ = phase("own_chunks" + r, lambda: lw.quantize_experts(layer, X, cfg, chunks=own_chunks))
+        finally:
+            lw.gptq_quantize = inner
+        del X
+        t["solver" + r] = round(solver["s"], 3)
+        t["hessians" + r] = round(max(t["own_chunks" + r] - t["routing"] - t["solver" + r], 0.0), 3)
+        keys = sorted(res)
+        # what every rank holds after bcast_res
+        res_all = {e: tuple(x.clone() for x in res[keys[e % len(keys)]]) for e in range(E)}
+        phase("set_experts" + r, lambda: lw._set_experts(layer, res_all, cfg.group))
+        phase("propagate" + r, lambda: lw._propagate(model, layer, hidden, carry))
+        return layer, res
+
+    layer, res = compute_round("")
+    inter = layer.mlp.experts.down_proj.shape[-1]
+    del layer
     a.work.mkdir(parents=True, exist_ok=True)
-    phase("save_acts", lambda: lw._save_acts(a.work / "acts-0001.rank0.safetensors", hidden, carry))
-    phase("save_results", lambda: lw._atomic_save(lw._packed_tensors(model.layer_prefix(0), res),
-                                                  a.work / "layer-0000.rank0.safetensors"))
+    acts_file, results_file = a.work / "acts-0001.rank0.safetensors", a.work / "layer-0000.rank0.safetensors"
+    phase("save_acts", lambda: lw._save_acts(acts_file, hidden, carry))
+    phase("save_results", lambda: lw._atomic_save(lw._packed_tensors(model.layer_prefix(0), res), results_file))
+    compute_stages = ("load_own", "moe_inputs", "own_chunks", "set_experts", "propagate")
+    t["compute_round"] = round(sum(t[k] for k in compute_stages), 3)
+
+    # Round 2: this layer's files written by the runner's writer while the next layer's compute runs.
+    files = phase("host_copy", lambda: {acts_file: lw._host_acts(hidden, carry),
+                                        results_file: lw._packed_tensors(model.layer_prefix(0), res)})
+    del res
+    with lw._LayerWriter() as writer:
+        sync()
+        t0 = time.time()
+        writer.submit(files)
+        del files
+        compute_round("_2")
+        phase("write_wait", writer.wait)
+        t["overlapped_round"] = round(time.time() - t0, 3)
+    log(f"overlapped round {t['overlapped_round']} s vs compute alone {t['compute_round']} s "
+        f"(+ host copies {t['host_copy']} s)")
     acts_bytes = sum(h.numel() * h.element_size() for h in hidden) + sum(
         c.numel() * c.element_size() for c in carry if c is not None)
-    for f in ("acts-0001.rank0.safetensors", "layer-0000.rank0.safetensors"):
-        (a.work / f).unlink(missing_ok=True)
+    for f in (acts_file, results_file):
+        f.unlink(missing_ok=True)
 
     # -- projection ----------------------------------------------------------------------------
     tok_ratio = P / S                          # all tokens of the run / tokens measured here
     own_ratio = math.ceil(P / N) / S           # this rank's windows / windows measured here
     H = model.config.hidden_size
-    inter = ex.down_proj.shape[-1]
     T_all = P * a.seqlen
     elt = torch.empty((), dtype=model.dtype).element_size()
     recv = (N - 1) / N
@@ -183,6 +232,17 @@ def main() -> None:
     moe_layer = sum(stages.values())
     dense = t["load_own"] + stages["moe_inputs"] + stages["propagate"] + stages["save_acts"]
     hours = (MOE_LAYERS * moe_layer + DENSE_LAYERS * dense) / 3600
+    # Overlapped writes (docstring): round 2's stages, scaled as above, and what the writes add to them.
+    over = {k: v for k, v in stages.items() if k not in ("save_acts", "save_results")} | {
+        "load_own": t["load_own_2"], "moe_inputs": t["moe_inputs_2"] * own_ratio,
+        "hessians": t["hessians_2"] * tok_ratio, "solver": t["solver_2"], "set_experts": t["set_experts_2"],
+        "propagate": t["propagate_2"] * own_ratio}
+    writes = t["write_wait"] * own_ratio
+    if a.disk_gbps:
+        writes = max(writes, stages["save_acts"] + stages["save_results"] - sum(over.values()))
+    over |= {"host_copy": t["host_copy"] * own_ratio, "writes_not_overlapped": writes}
+    moe_layer_over = sum(over.values())
+    hours_over = (MOE_LAYERS * moe_layer_over + DENSE_LAYERS * dense) / 3600
     # Per-rank memory at the projected size: all tokens' X (fp32) + one expert's gate/up outputs on all
     # tokens (fp32) + this rank's windows' hidden states + the layer + one chunk's Hessians (fp32).
     mem = {"X_all_tokens_gb": T_all * H * 4 / 1e9, "expert_activations_gb": T_all * 2 * inter * 4 / 1e9,
@@ -196,7 +256,12 @@ def main() -> None:
         "link_gbps_assumed": a.link_gbps, "disk_gbps_cap": a.disk_gbps or None,
         "measured_s": t, "projected_stage_s": {k: round(v, 2) for k, v in stages.items()},
         "projected_moe_layer_s": round(moe_layer, 1), "projected_dense_layer_s": round(dense, 1),
-        "projected_glm52_hours": round(hours, 2), "target_hours": 1.0,
+        "projected_glm52_hours": round(hours, 2),
+        "compute_round_s": t["compute_round"], "overlapped_round_s": t["overlapped_round"],
+        "host_copy_s": t["host_copy"], "write_wait_s": t["write_wait"],
+        "projected_overlapped_stage_s": {k: round(v, 2) for k, v in over.items()},
+        "projected_moe_layer_overlapped_s": round(moe_layer_over, 1),
+        "projected_glm52_hours_overlapped": round(hours_over, 2), "target_hours": 1.0,
         "per_rank_memory_gb": {k: round(v, 1) for k, v in mem.items()} | {"sum": round(sum(mem.values()), 1)},
         "peak_gpu_gb": round(torch.cuda.max_memory_allocated() / 1e9, 1) if cuda else None,
         "wall_s": round(time.time() - t_start, 1),
@@ -205,6 +270,8 @@ def main() -> None:
         log(f"  {k:13s} {v:8.2f} s per MoE layer")
     log(f"projected on {N} GPUs at {P} x {a.seqlen} tokens: {moe_layer:.1f} s per MoE layer; GLM-5.2 "
         f"({MOE_LAYERS} MoE + {DENSE_LAYERS} dense layers): {hours:.2f} h (target <= 1 h)")
+    log(f"with the writes overlapped (host copies {over['host_copy']:.2f} s, writes beyond the compute "
+        f"{over['writes_not_overlapped']:.2f} s): {moe_layer_over:.1f} s per MoE layer; GLM-5.2: {hours_over:.2f} h")
     print(json.dumps(out), flush=True)
 
 

@@ -11,8 +11,9 @@ Per decoder layer i (hidden states of all calibration windows held between layer
  4. put the dequantized INT4 experts into the layer and run the windows through the
     whole layer: these outputs (quantization errors included) feed layer i+1.
 After each layer the packed results and the next layer's inputs are written atomically
-to the work folder, so a run killed anywhere resumes at the last finished layer and
-ends with the same bytes.
+to the work folder (by a background thread, while the next layer computes; the layer counts
+as done only once they are on disk), so a run killed anywhere resumes at the last finished
+layer and ends with the same bytes.
 
 MoE calibration policy (docs/eval-gptq.md has the measurements; `kq quantize --calib-policy`):
   all (default): every token through every expert (the gate/up Hessian is one X^T X shared
@@ -29,6 +30,7 @@ import gc
 import hashlib
 import json
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -308,11 +310,54 @@ def _atomic_json(data, path: Path) -> None:
     write_json_atomic(path, data, indent=1, end="")
 
 
+def _host_acts(hidden: list, carry: list) -> dict[str, torch.Tensor]:
+    """The batches this process holds (None: another rank's), under their global batch index, as host
+    copies of their own (a copy on a CPU run too: the writer thread reads them while the next layer runs)."""
+    t = {f"h.{b}": h.contiguous().to("cpu", copy=True) for b, h in enumerate(hidden) if h is not None}
+    t.update({f"c.{b}": c.contiguous().to("cpu", copy=True) for b, c in enumerate(carry) if c is not None})
+    return t
+
+
 def _save_acts(path: Path, hidden: list, carry: list) -> None:
-    """The batches this process holds (None: another rank's), under their global batch index."""
-    t = {f"h.{b}": h.contiguous().cpu() for b, h in enumerate(hidden) if h is not None}
-    t.update({f"c.{b}": c.contiguous().cpu() for b, c in enumerate(carry) if c is not None})
-    _atomic_save(t, path)
+    _atomic_save(_host_acts(hidden, carry), path)
+
+
+class _LayerWriter:
+    """Writes one layer's work files (`_atomic_save`: temp file, fsync, rename) on one background thread,
+    so that the writes (GBs of next inputs at full size) overlap the next layer's compute.
+
+    The caller makes the host copies itself (device->host copies issued from this thread would queue
+    behind the next layer's kernels) and hands over tensors it does not touch again. At most one layer's
+    files are in flight: submit() first waits for the previous ones. wait() returns once they are on disk
+    and re-raises a failed write's error; a failed write leaves no file at its final path (atomic_path)."""
+
+    def __init__(self):
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kq-layer-writer")
+        self._pending: Future | None = None
+
+    def submit(self, files: dict[Path, dict[str, torch.Tensor]]) -> None:
+        """Write {path: tensors} in that order, in the background."""
+        self.wait()
+        self._pending = self._pool.submit(self._write, files)
+
+    @staticmethod
+    def _write(files: dict[Path, dict[str, torch.Tensor]]) -> None:
+        for path, tensors in files.items():
+            _atomic_save(tensors, path)
+
+    def wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        # Ending normally every write was waited for; ending on an error (or closed early) the writes in
+        # flight finish on disk without being recorded as done, and the error that ends the run is the
+        # caller's, not theirs.
+        self._pool.shutdown(wait=True)
 
 
 def _part(work_dir: Path, kind: str, i: int, rank: int | None = None) -> Path:
@@ -371,7 +416,10 @@ def fingerprint(model: LayerwiseModel, ids: torch.Tensor, cfg: GptqConfig) -> st
 def gptq_quantize_layers(model: LayerwiseModel, calib_ids: torch.Tensor, cfg: GptqConfig, work_dir: Path, *,
                          on_layer: Callable[[int, int, dict], None] | None = None,
                          ) -> Iterator[tuple[int, list[Path], dict]]:
-    """Quantize every MoE decoder layer; yields (layer index, results files, stats) in order.
+    """Quantize every MoE decoder layer; yields (layer index, results files, stats) in order, each once the
+    layer is done (its files on disk on every rank, the state naming it; on_layer is called just before).
+    Layer i's files are written by a background thread while layer i + 1 computes, so its yield comes
+    after that compute; the last layer's before the generator ends.
 
     The results files hold `<expert weight name>.packed` (int32) and `.scale` (bf16)
     for every routed expert of the layer, each expert in one of them. Work state in `work_dir`:
@@ -412,31 +460,16 @@ def gptq_quantize_layers(model: LayerwiseModel, calib_ids: torch.Tensor, cfg: Gp
         hidden, carry = distributed.agree(lambda: _load_acts(work_dir, state["next_layer"], len(chunks),
                                                              model.device, mine))
     distributed.barrier()
-    for i in range(model.num_layers):
-        if i < state["next_layer"]:
-            yield i, _parts(work_dir, "layer", i), state["stats"].get(str(i), {})
-            continue
-        layer = distributed.load_layer(model, i)
-        stats: dict = {}
-        res: dict = {}
-        own: list = []
-        if hasattr(layer.mlp, "experts"):
-            X = _moe_inputs(model, layer, hidden, carry)
-            res, stats = solve_experts(layer, X, cfg)
-            del X
-            _set_experts(layer, res, cfg.group)
-            own = own_experts(layer.mlp.experts.gate_up_proj.shape[0], cfg)
-        _propagate(model, layer, hidden, carry)
-        del layer
-        gc.collect()
-        # Results and the next inputs first, then the state that points at them, then
-        # the old inputs go: killed between any two steps, the state names complete files.
+    start = state["next_layer"]
+
+    def finish(i: int, stats: dict):
+        """Layer i is done once its files are on disk on every rank: results and next inputs first, then
+        the state that points at them, then the old inputs go: killed between any two steps, the state
+        names complete files."""
+        writer.wait()           # this rank's files of layer i (a failed write raises here: no state names it)
+        distributed.barrier()   # every part of the results and of the next inputs is complete
         state["next_layer"] = i + 1
         state["stats"][str(i)] = stats
-        _save_acts(_acts(work_dir, i + 1, part), hidden, carry)   # each rank its own batches
-        # each rank the codes of the experts it solved (one process: all, in one file)
-        _atomic_save(_packed_tensors(model.layer_prefix(i), {e: res[e] for e in own}), _part(work_dir, "layer", i, part))
-        distributed.barrier()   # every part of the results and of the next inputs is complete
         if lead:
             # parts of layer i left by an unfinished attempt at another world size go before the state
             # names the layer done: a finished layer's files are exactly the parts of the run that did it
@@ -449,7 +482,44 @@ def gptq_quantize_layers(model: LayerwiseModel, calib_ids: torch.Tensor, cfg: Gp
         distributed.barrier()   # the layer is done for every rank
         if on_layer:
             on_layer(i + 1, model.num_layers, stats)
-        yield i, _parts(work_dir, "layer", i), stats
+        return i, _parts(work_dir, "layer", i), stats
+
+    # Layer i's files are written while layer i + 1 computes; layer i is finished (state, on_layer,
+    # yield) just before layer i + 1's files go to the writer, and the last layer before the end.
+    pending = None   # (i, stats) of the layer whose files the writer holds
+    with _LayerWriter() as writer:
+        for i in range(model.num_layers):
+            if i < start:
+                yield i, _parts(work_dir, "layer", i), state["stats"].get(str(i), {})
+                continue
+            layer = distributed.load_layer(model, i)
+            stats: dict = {}
+            res: dict = {}
+            own: list = []
+            if hasattr(layer.mlp, "experts"):
+                X = _moe_inputs(model, layer, hidden, carry)
+                res, stats = solve_experts(layer, X, cfg)
+                del X
+                _set_experts(layer, res, cfg.group)
+                own = own_experts(layer.mlp.experts.gate_up_proj.shape[0], cfg)
+            _propagate(model, layer, hidden, carry)
+            del layer
+            gc.collect()
+            # The host copies on this thread, before waiting for the previous layer's writes, so they overlap
+            # them too (two layers' host copies are held until that wait returns).
+            files = {
+                _acts(work_dir, i + 1, part): _host_acts(hidden, carry),   # each rank its own batches
+                # each rank the codes of the experts it solved (one process: all, in one file)
+                _part(work_dir, "layer", i, part): _packed_tensors(model.layer_prefix(i), {e: res[e] for e in own}),
+            }
+            done = finish(*pending) if pending else None
+            writer.submit(files)
+            del files   # the writer's until written: not held through the next layer
+            pending = (i, stats)
+            if done:
+                yield done
+        if pending:
+            yield finish(*pending)
 
 
 # -- the quantize run's calibrated step ----------------------------------------------------

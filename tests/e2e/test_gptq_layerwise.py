@@ -95,20 +95,32 @@ def test_calibration_windows_cover_the_whole_text(tmp_path):
 GPTQ_ARGS = ["--method", "gptq", "--calib-samples", "8", "--calib-seqlen", "64", "--group-size", "32",
              "--device", "cpu"]
 
+# POINT n: SIGKILL once layer n - 1 is done (on_layer), i.e. after layer n's compute, before its files go to
+# the writer; write:NAME: in the writer thread, once NAME's temp file is complete, before its rename.
 KILLER = textwrap.dedent("""
-    import os, signal, sys, torch
+    import os, signal, sys, threading, torch
     from pathlib import Path
+    import kq.quantize.layerwise as lw
     from kq.checkpoint.source import open_source
     from kq.quantize.plan import make_plan
     from kq.quantize.run import Options, run_quantize
     from kq.quantize.layerwise import gptq_expert_codes
-    src, out, calib, kill_after = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    src, out, calib, point = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4]
     device = torch.device(sys.argv[5] if len(sys.argv) > 5 else "cpu")
     source = open_source(src)
     plan = make_plan(source, group_size=32)
     def on_layer(done, total, stats):
-        if done == kill_after:
+        if point == str(done):
             os.kill(os.getpid(), signal.SIGKILL)
+    if point.startswith("write:"):
+        save_file = lw.save_file
+        def killing_save(tensors, filename, metadata=None):
+            save_file(tensors, filename, metadata=metadata)
+            if Path(filename).name.startswith(point[len("write:"):]):
+                if threading.current_thread() is threading.main_thread():
+                    os._exit(3)   # not written in the background
+                os.kill(os.getpid(), signal.SIGKILL)
+        lw.save_file = killing_save
     codes = gptq_expert_codes(source, plan, out, calib=calib, samples=8, seqlen=64, device=device,
                               on_layer=on_layer)
     run_quantize(source, plan, out, Options(method="gptq", group_size=32, calib=calib), device=device,
@@ -145,6 +157,55 @@ def test_crash_at_a_layer_boundary_then_resume_is_byte_identical(tmp_path, small
     want.pop("kq-manifest.json"), got.pop("kq-manifest.json")   # holds the creation time
     assert got.keys() == want.keys()
     assert all(got[k] == want[k] for k in want), [k for k in want if got[k] != want[k]]
+
+
+def test_killed_while_the_writer_thread_writes_a_layer_then_resume_is_byte_identical(tmp_path, small_glm5,
+                                                                                      gptq_reference):
+    """Killed in the background writer, mid-way through layer 1's files (the next inputs complete, the codes
+    in their temp file) while the main thread has gone on to layer 2: the state still names layer 1 undone,
+    and the rerun redoes it and ends with the uninterrupted run's bytes."""
+    calib, ref = gptq_reference
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-c", KILLER, str(small_glm5), str(out), str(calib), "write:layer-0001"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == -9, r.stderr
+    work = out / ".kq-work" / "gptq"
+    assert json.loads((work / "state.json").read_text())["next_layer"] == 1
+    assert (work / "acts-0002.safetensors").exists() and (work / "layer-0001.safetensors.tmp").exists()
+    assert not (work / "layer-0001.safetensors").exists()
+    r = run_kq("quantize", small_glm5, "--out", out, "--calib", calib, *GPTQ_ARGS)
+    assert r.returncode == 0, r.stderr
+    want, got = _files(ref), _files(out)
+    want.pop("kq-manifest.json"), got.pop("kq-manifest.json")   # holds the creation time
+    assert got.keys() == want.keys()
+    assert all(got[k] == want[k] for k in want), [k for k in want if got[k] != want[k]]
+
+
+def test_a_failed_background_write_ends_the_pass_before_the_layer_is_marked_done(tmp_path, small_glm5,
+                                                                                 monkeypatch):
+    """An error in the writer thread (here a full disk while layer 1's codes are written) is raised by the
+    pass itself, after layer 2's compute, and leaves no state or file that names layer 1 done."""
+    import kq.quantize.layerwise as lw
+    from kq.quantize.layerwise import gptq_quantize_layers
+    save_file = lw.save_file
+
+    def disk_full_at_layer_1(tensors, filename, metadata=None):
+        if filename.endswith("layer-0001.safetensors.tmp"):
+            raise OSError(28, "No space left on device")
+        save_file(tensors, filename, metadata=metadata)
+    monkeypatch.setattr(lw, "save_file", disk_full_at_layer_1)
+    r = CheckpointReader(small_glm5)
+    m = LayerwiseModel(r)
+    ids = calibration_ids(small_glm5, r.config, calib_text(tmp_path), 8, 32)
+    work = tmp_path / "work"
+    done = []
+    with pytest.raises(OSError, match="No space left"):
+        for i, _, _ in gptq_quantize_layers(m, ids, GptqConfig(group=32), work):
+            done.append(i)
+    assert done == [0]
+    assert json.loads((work / "state.json").read_text())["next_layer"] == 1
+    assert sorted(p.name for p in work.iterdir()) == ["acts-0001.safetensors", "acts-0002.safetensors",
+                                                       "layer-0000.safetensors", "state.json"]
 
 
 def test_a_finished_layers_codes_are_the_parts_of_the_run_that_finished_it(tmp_path, small_glm5):
