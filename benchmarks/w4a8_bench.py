@@ -170,11 +170,15 @@ def check(gen):
     ref = w4a8.reference(x, pp, tw, ti).double()
     C = w4a8.W4A8Config
     families = (w4a8.configs(t * k, e), (C(128, 64, 8, 4), C(128, 128, 8, 3)),
-                (C(64, 64, 4, 4, swap=True), C(128, 128, 8, 3, swap=True)))
+                (C(64, 64, 4, 2, swap=True), C(64, 128, 8, 2, swap=True)))
     for cvt in (0, 1):
         for cfgs in families:
             cfgs = tuple(dataclasses.replace(c, cvt=cvt) for c in cfgs)
-            out = w4a8.fused_moe_w4a8(x, pp, tw, ti, config=cfgs).double()
+            try:
+                out = w4a8.fused_moe_w4a8(x, pp, tw, ti, config=cfgs).double()
+            except Exception as ex:     # a tile that does not fit (shared memory, registers) on this GPU
+                log({"check": "kq_w4a8_vs_reference", "cvt": cvt, "cfg": str(cfgs), "error": repr(ex)[:200]})
+                continue
             err = ((out - ref).norm() / ref.norm()).item()
             log({"check": "kq_w4a8_vs_reference", "cvt": cvt, "cfg": str(cfgs), "rel_err": err,
                  "finite": bool(torch.isfinite(out).all())})
@@ -239,10 +243,10 @@ def case(name, t, k, gen, variants, sustained, sweep):
 
 
 # (BLOCK_M routed rows, BLOCK_N weight columns, warps, stages, cvt) of the swapped kernel in the sweep
-SWAP_UP = [(64, 64, 4, 4, 1), (64, 64, 4, 4, 0), (128, 64, 4, 3, 1), (128, 64, 4, 4, 1), (64, 128, 8, 4, 1),
-           (128, 128, 8, 3, 1), (256, 64, 4, 3, 1)]
-SWAP_DOWN = [(64, 64, 4, 4, 1), (128, 64, 4, 3, 1), (128, 64, 4, 4, 1), (64, 128, 8, 4, 1), (128, 128, 8, 3, 1),
-             (128, 128, 8, 3, 0), (256, 64, 4, 3, 1)]
+SWAP_UP = [(64, 64, 4, 2, 1), (64, 64, 4, 3, 1), (64, 64, 4, 2, 0), (128, 64, 4, 2, 1), (64, 128, 8, 2, 1),
+           (128, 128, 8, 2, 1)]
+SWAP_DOWN = [(64, 64, 4, 3, 1), (64, 128, 8, 2, 1), (64, 128, 8, 3, 1), (128, 128, 8, 2, 1), (128, 64, 4, 2, 1),
+             (64, 128, 8, 3, 0)]
 
 
 def ir_summary():

@@ -167,16 +167,14 @@ def test_public_linear_on_the_lane_layout(m, path):
     assert _rel(got, reference.w4a16_linear(x, prepack_linear(p[0], s[0], 64))) < 8e-3
 
 
-@pytest.mark.parametrize("variant", [v for v in lanes.DOWN_VARIANTS + lanes.DOWN_SCALE_A_VARIANTS])
-@pytest.mark.parametrize("group", [128, 32])
+@pytest.mark.parametrize("variant,group", [(v, g) for g in (128, 32) for v in lanes.DOWN_VARIANTS] +
+                         [(v, 32) for v in lanes.DOWN_SCALE_A_VARIANTS])     # SCALE_A: built below group 128
 def test_one_token_down_with_combine(variant, group):
     """One token: the down stage with the top-k combine in the same launch (moe_lanes.cuh combine_tail)
     against the two-launch path (moe_down, then combine_topk) and the float64 maths; a -1 pair (another
     EP rank's expert) adds nothing; three launches in a row and a CUDA-graph replay, so the arrival
     counts must return to zero; H = 640: a last column group of fewer warps."""
     from kq.kernels.triton_ops import combine_topk, route
-    if variant[3] == lanes.SCALE_A and group == 128:
-        pytest.skip("SCALE_A instances are built below group 128 only")
     gen = torch.Generator(device=DEV).manual_seed(group + sum(map(int, variant)))
     E, H, I, k = 32, 640, 384, 8
     p2, s2, w2 = _weights(E, H, I, group, gen)
