@@ -144,8 +144,6 @@ def _launch(a, a_s, q, s, out, routing, n, a_row_div, gated, up_offset, cfg: W4A
 
     from .w4a8_kernel import w4a8_moe_kernel, w4a8_moe_swap_kernel
     kernel = w4a8_moe_swap_kernel if cfg.swap else w4a8_moe_kernel
-    if cfg.swap:             # the swapped kernel reads the words as int16 halves (see its doc)
-        q = q.view(torch.int16)
     return kernel[(triton.cdiv(n, cfg.block_n), routing[1].numel())](
         a, a.stride(0), a_s, q, q.stride(0), s, s.stride(0), s.stride(1), out, out.stride(0), *routing,
         n, q.shape[2], up_offset, A_ROW_DIV=a_row_div, GATED=gated, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,

@@ -158,19 +158,18 @@ def w4a8_moe_kernel(
 
 
 @triton.jit
-def _codes_fp8_swap(h, c, CVT: tl.constexpr):
-    """[BLOCK_N, 128] int16, element (n, c) holding half-word c // 4 of column n's block (nibbles 4 (c // 4) ..
-    +3 in storage order) -> e4m3 q = code - 8 of nibble c % 4 of it: elementwise, so Triton loads the
-    half-words straight into wgmma's register operand layout. CVT 1 (pack=4) needs each thread's four
-    consecutive elements to be four consecutive columns, which that layout gives (kWidth 4: four inputs of
-    one row a register); CVT 0 holds in any layout."""
-    w = h.to(tl.int32)
+def _codes_fp8_swap(w, c, CVT: tl.constexpr):
+    """[BLOCK_N, 128] int32, element (n, c) holding word c // 8 of column n's block -> e4m3 q = code - 8 of
+    nibble c % 8: elementwise, so Triton can load the words straight into wgmma's register operand layout.
+    CVT 1 (pack=4) needs each thread's four consecutive elements to be four consecutive columns, which that
+    layout gives (kWidth 4: four inputs of one row a register); CVT 0 holds in any layout."""
     if CVT == 0:
-        nib = (w >> (4 * (c % 4))[None, :]) & 0xF
+        nib = (w >> (4 * (c % 8))[None, :]) & 0xF
         f = (nib | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0
         return f.to(tl.float8e4nv)
     else:
-        return _low4_e4m3(w)
+        x = w >> (16 * ((c % 8) // 4))[None, :]       # nibbles 0-3 or 4-7 to the low 16 bits
+        return _low4_e4m3(x)
 
 
 @triton.jit
@@ -181,13 +180,11 @@ def w4a8_moe_swap_kernel(
     A_ROW_DIV: tl.constexpr, GATED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CVT: tl.constexpr,
 ):
-    """w4a8_moe_kernel's maths computed transposed, out^T = W a^T: the converted weights are the dot's
-    first operand, which wgmma reads from registers (swap_kernel.py does the same for bf16), so they skip
-    the store to shared memory and the barrier; the activations (a^T, K-major as FP8 wgmma wants) are the
-    operand in shared memory. BLOCK_N weight columns are wgmma's M (64 per warpgroup), BLOCK_M routed rows
-    its N. The weights come as int16 half-words (q_ptr: the lane words viewed as int16, stride_qe in
-    half-words): each register's four codes are one half-word, loaded by four elements (Triton's load
-    in the dot layout cannot share one load between them; int16 halves what int32 words would cost)."""
+    """w4a8_moe_kernel's maths (same arguments) computed transposed, out^T = W a^T: the converted weights
+    are the dot's first operand, which wgmma reads from registers (swap_kernel.py does the same for
+    bf16), so they skip the store to shared memory and the barrier; the activations (a^T, K-major as
+    FP8 wgmma wants) are the operand in shared memory. BLOCK_N weight columns are wgmma's M (64 per
+    warpgroup), BLOCK_M routed rows its N."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     e = tl.load(blk_expert_ptr + pid_m)
@@ -202,22 +199,22 @@ def w4a8_moe_swap_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     n_c = tl.where(n_mask, offs_n, 0)
-    tile_halves = KB * 256                                   # half-words of one 8-column n-tile
+    tile_words = KB * 128
     c = tl.arange(0, 128)
-    col = (n_c // 8) * tile_halves + (n_c % 8) * 32
+    col = (n_c // 8) * tile_words + (n_c % 8) * 16
     e64 = e.to(tl.int64)
     a_ptrs = a_ptr + arow.to(tl.int64)[None, :] * stride_am + c[:, None]            # a^T [128, BLOCK_M]
-    w_ptrs = q_ptr + e64 * stride_qe + col[:, None] + (c // 4)[None, :]              # [BLOCK_N, 128] half-words
+    w_ptrs = q_ptr + e64 * stride_qe + col[:, None] + (c // 8)[None, :]              # [BLOCK_N, 128] words
     s_ptrs = s_ptr + e64 * stride_se + offs_n
-    up_halves = (up_offset // 8) * tile_halves
+    up_words = (up_offset // 8) * tile_words
     acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kb in range(0, KB):
         at = tl.load(a_ptrs + kb * 128)
-        wg = _codes_fp8_swap(tl.load(w_ptrs + kb * 256), c, CVT)
+        wg = _codes_fp8_swap(tl.load(w_ptrs + kb * 128), c, CVT)
         acc_g += tl.dot(wg, at) * tl.load(s_ptrs + kb * stride_sk, mask=n_mask, other=0.0).to(tl.float32)[:, None]
         if GATED:
-            wu = _codes_fp8_swap(tl.load(w_ptrs + up_halves + kb * 256), c, CVT)
+            wu = _codes_fp8_swap(tl.load(w_ptrs + up_words + kb * 128), c, CVT)
             acc_u += tl.dot(wu, at) * tl.load(s_ptrs + up_offset + kb * stride_sk, mask=n_mask,
                                               other=0.0).to(tl.float32)[:, None]
     a_s = tl.load(as_ptr + arow)[None, :]
