@@ -85,6 +85,29 @@ def main(paths: list[str]) -> None:
                                else f" (after {env['states']['heat_s']} s of back-to-back replay)" if state == "sustained"
                                and "states" in env else "") + "\n")
         table(by, env.get("read_TBps"))
+    whole_moe(paths)
+
+
+def whole_moe(paths: list[str]) -> None:
+    """One token's whole MoE per case and group, us burst / sustained: kq (kq_lane_full), kq's four-launch
+    path (kq_lane_full4) and SGLang's whole fused_marlin_moe (marlin_full), printed where a run has them."""
+    by = {s: load(paths, s)[0] for s in states(read_rows(paths)[0])}
+    first = next(iter(by.values()), {})
+    out = []
+    for case in dict.fromkeys(c for (c, m, k) in first if m == 1 and k.startswith("kq_lane_full4_g")):
+        for group in dict.fromkeys(k.rsplit("_g", 1)[1] for (c, m, k) in first if c == case and k.startswith("kq_lane_full4_g")):
+            def us(kind):
+                vals = [by[s].get((case, 1, f"{kind}_g{group}"), {}).get("us") for s in by]
+                return vals
+            kq, four, marlin = us("kq_lane_full"), us("kq_lane_full4"), us("marlin_full")
+            if None in kq + four + marlin:
+                continue
+            out.append([case, group, " / ".join(f"{v:.2f}" for v in kq), " / ".join(f"{v:.2f}" for v in four),
+                        " / ".join(f"{v:.2f}" for v in marlin),
+                        " / ".join(f"{m / k:.2f}x" for m, k in zip(marlin, kq))])
+    if out:
+        print(f"\none token, whole MoE, us {' / '.join(by)}\n")
+        emit(["case", "group", "kq", "kq 4 launches", "Marlin whole", "Marlin / kq"], out)
 
 
 def emit(head: list[str], rows: list[list[str]]) -> None:
