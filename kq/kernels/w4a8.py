@@ -28,7 +28,6 @@ class W4A8Config:
     num_warps: int = 8
     num_stages: int = 3
     cvt: int = 1            # w4a8_kernel's int4 -> e4m3 conversion (0 plain ops, 1 byte permutes)
-    swap: bool = False      # w4a8_moe_swap_kernel: out^T = W a^T, the weights as wgmma's register operand
 
 
 def serves(pp: PrepackedMoE, device: torch.device) -> bool:
@@ -142,9 +141,8 @@ def fused_moe_w4a8(x: torch.Tensor, pp: PrepackedMoE, topk_weights: torch.Tensor
 def _launch(a, a_s, q, s, out, routing, n, a_row_div, gated, up_offset, cfg: W4A8Config):
     import triton
 
-    from .w4a8_kernel import w4a8_moe_kernel, w4a8_moe_swap_kernel
-    kernel = w4a8_moe_swap_kernel if cfg.swap else w4a8_moe_kernel
-    return kernel[(triton.cdiv(n, cfg.block_n), routing[1].numel())](
+    from .w4a8_kernel import w4a8_moe_kernel
+    w4a8_moe_kernel[(triton.cdiv(n, cfg.block_n), routing[1].numel())](
         a, a.stride(0), a_s, q, q.stride(0), s, s.stride(0), s.stride(1), out, out.stride(0), *routing,
         n, q.shape[2], up_offset, A_ROW_DIV=a_row_div, GATED=gated, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         CVT=cfg.cvt, num_warps=cfg.num_warps, num_stages=cfg.num_stages)

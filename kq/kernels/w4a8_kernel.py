@@ -65,27 +65,6 @@ def _spread8(x0, x1, x2, x3, x4, x5, x6, x7, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _low4_e4m3(x):
-    """CVT 1's byte permutes (see the module doc): the four codes of each element's low 16 bits (nibble i
-    -> byte i) as e4m3 q = code - 8; pack=4: four consecutive elements of a thread share one result."""
-    return tl.inline_asm_elementwise(
-        """{
-        .reg .b32 u, h, p1, p2, m, ln0, ln1, lp0, lp1;
-        mov.b32 ln0, 0xCACCCED0;
-        mov.b32 ln1, 0xB8C0C4C8;
-        mov.b32 lp0, 0x44403800;
-        mov.b32 lp1, 0x4E4C4A48;
-        xor.b32 u, $1, 0x8888;
-        prmt.b32 p1, ln0, ln1, $1;
-        prmt.b32 p2, lp0, lp1, u;
-        shl.b32 h, $1, 4;
-        prmt.b32 m, $1, h, 0x9D8C;
-        lop3.b32 $0, p1, m, p2, 0xBA;
-        }""",
-        "=r,r,r,r,r", [x], dtype=tl.float8e4nv, is_pure=True, pack=4)
-
-
-@triton.jit
 def _codes_fp8(w, BLOCK_N: tl.constexpr, CVT: tl.constexpr):
     """[BLOCK_N, 16] int32 words (one column's block) -> [BLOCK_N, 128] e4m3 q = c - 8, position
     p = 8 * word + nibble."""
@@ -99,7 +78,21 @@ def _codes_fp8(w, BLOCK_N: tl.constexpr, CVT: tl.constexpr):
         # the low 16 bits) and returns their four e4m3 bytes in one register
         hi = w >> 16
         x = _spread8(w, w, w, w, hi, hi, hi, hi, BLOCK_N)
-        return _low4_e4m3(x)
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 u, h, p1, p2, m, ln0, ln1, lp0, lp1;
+            mov.b32 ln0, 0xCACCCED0;
+            mov.b32 ln1, 0xB8C0C4C8;
+            mov.b32 lp0, 0x44403800;
+            mov.b32 lp1, 0x4E4C4A48;
+            xor.b32 u, $1, 0x8888;
+            prmt.b32 p1, ln0, ln1, $1;
+            prmt.b32 p2, lp0, lp1, u;
+            shl.b32 h, $1, 4;
+            prmt.b32 m, $1, h, 0x9D8C;
+            lop3.b32 $0, p1, m, p2, 0xBA;
+            }""",
+            "=r,r,r,r,r", [x], dtype=tl.float8e4nv, is_pure=True, pack=4)
 
 
 @triton.jit
@@ -155,73 +148,3 @@ def w4a8_moe_kernel(
         res = acc_g * a_s
     o_ptrs = out_ptr + pair.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
     tl.store(o_ptrs, res.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & n_mask[None, :])
-
-
-@triton.jit
-def _codes_fp8_swap(w, c, CVT: tl.constexpr):
-    """[BLOCK_N, 128] int32, element (n, c) holding word c // 8 of column n's block -> e4m3 q = code - 8 of
-    nibble c % 8: elementwise, so Triton can load the words straight into wgmma's register operand layout.
-    CVT 1 (pack=4) needs each thread's four consecutive elements to be four consecutive columns, which that
-    layout gives (kWidth 4: four inputs of one row a register); CVT 0 holds in any layout."""
-    if CVT == 0:
-        nib = (w >> (4 * (c % 8))[None, :]) & 0xF
-        f = (nib | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0
-        return f.to(tl.float8e4nv)
-    else:
-        x = w >> (16 * ((c % 8) // 4))[None, :]       # nibbles 0-3 or 4-7 to the low 16 bits
-        return _low4_e4m3(x)
-
-
-@triton.jit
-def w4a8_moe_swap_kernel(
-    a_ptr, stride_am, as_ptr, q_ptr, stride_qe, s_ptr, stride_se, stride_sk, out_ptr, stride_om,
-    pairs_ptr, blk_expert_ptr, blk_start_ptr, blk_count_ptr,
-    N, KB, up_offset,
-    A_ROW_DIV: tl.constexpr, GATED: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CVT: tl.constexpr,
-):
-    """w4a8_moe_kernel's maths (same arguments) computed transposed, out^T = W a^T: the converted weights
-    are the dot's first operand, which wgmma reads from registers (swap_kernel.py does the same for
-    bf16), so they skip the store to shared memory and the barrier; the activations (a^T, K-major as
-    FP8 wgmma wants) are the operand in shared memory. BLOCK_N weight columns are wgmma's M (64 per
-    warpgroup), BLOCK_M routed rows its N."""
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    e = tl.load(blk_expert_ptr + pid_m)
-    if e < 0:
-        return
-    start = tl.load(blk_start_ptr + pid_m)
-    cnt = tl.load(blk_count_ptr + pid_m)
-    offs_m = tl.arange(0, BLOCK_M)
-    row_mask = offs_m < cnt
-    pair = tl.load(pairs_ptr + start + offs_m, mask=row_mask, other=0)
-    arow = pair // A_ROW_DIV
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
-    n_c = tl.where(n_mask, offs_n, 0)
-    tile_words = KB * 128
-    c = tl.arange(0, 128)
-    col = (n_c // 8) * tile_words + (n_c % 8) * 16
-    e64 = e.to(tl.int64)
-    a_ptrs = a_ptr + arow.to(tl.int64)[None, :] * stride_am + c[:, None]            # a^T [128, BLOCK_M]
-    w_ptrs = q_ptr + e64 * stride_qe + col[:, None] + (c // 8)[None, :]              # [BLOCK_N, 128] words
-    s_ptrs = s_ptr + e64 * stride_se + offs_n
-    up_words = (up_offset // 8) * tile_words
-    acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for kb in range(0, KB):
-        at = tl.load(a_ptrs + kb * 128)
-        wg = _codes_fp8_swap(tl.load(w_ptrs + kb * 128), c, CVT)
-        acc_g += tl.dot(wg, at) * tl.load(s_ptrs + kb * stride_sk, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-        if GATED:
-            wu = _codes_fp8_swap(tl.load(w_ptrs + up_words + kb * 128), c, CVT)
-            acc_u += tl.dot(wu, at) * tl.load(s_ptrs + up_offset + kb * stride_sk, mask=n_mask,
-                                              other=0.0).to(tl.float32)[:, None]
-    a_s = tl.load(as_ptr + arow)[None, :]
-    if GATED:
-        g = acc_g * a_s
-        res = g / (1.0 + tl.exp(-g)) * (acc_u * a_s)
-    else:
-        res = acc_g * a_s
-    o_ptrs = out_ptr + pair.to(tl.int64)[None, :] * stride_om + offs_n[:, None]
-    tl.store(o_ptrs, res.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & row_mask[None, :])
