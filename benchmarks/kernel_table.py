@@ -96,10 +96,8 @@ def whole_moe(paths: list[str]) -> None:
     out = []
     for case in dict.fromkeys(c for (c, m, k) in first if m == 1 and k.startswith("kq_lane_full4_g")):
         for group in dict.fromkeys(k.rsplit("_g", 1)[1] for (c, m, k) in first if c == case and k.startswith("kq_lane_full4_g")):
-            def us(kind):
-                vals = [by[s].get((case, 1, f"{kind}_g{group}"), {}).get("us") for s in by]
-                return vals
-            kq, four, marlin = us("kq_lane_full"), us("kq_lane_full4"), us("marlin_full")
+            kq, four, marlin = ([by[st].get((case, 1, f"{kind}_g{group}"), {}).get("us") for st in by]
+                                for kind in ("kq_lane_full", "kq_lane_full4", "marlin_full"))
             if None in kq + four + marlin:
                 continue
             out.append([case, group, " / ".join(f"{v:.2f}" for v in kq), " / ".join(f"{v:.2f}" for v in four),

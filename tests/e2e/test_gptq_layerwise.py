@@ -142,6 +142,16 @@ def gptq_reference(tmp_path_factory, small_glm5):
     return calib, out
 
 
+def _resume_matches(src, out, calib, ref):
+    """Rerun the killed quantize into `out`: it ends with the uninterrupted run's bytes (`ref`)."""
+    r = run_kq("quantize", src, "--out", out, "--calib", calib, *GPTQ_ARGS)
+    assert r.returncode == 0, r.stderr
+    want, got = _files(ref), _files(out)
+    want.pop("kq-manifest.json"), got.pop("kq-manifest.json")   # holds the creation time
+    assert got.keys() == want.keys()
+    assert all(got[k] == want[k] for k in want), [k for k in want if got[k] != want[k]]
+
+
 @pytest.mark.parametrize("kill_after", [1, 2, 3])
 def test_crash_at_a_layer_boundary_then_resume_is_byte_identical(tmp_path, small_glm5, gptq_reference, kill_after):
     calib, ref = gptq_reference
@@ -151,12 +161,7 @@ def test_crash_at_a_layer_boundary_then_resume_is_byte_identical(tmp_path, small
     assert r.returncode == -9, r.stderr
     state = json.loads((out / ".kq-work" / "gptq" / "state.json").read_text())
     assert state["next_layer"] == kill_after
-    r = run_kq("quantize", small_glm5, "--out", out, "--calib", calib, *GPTQ_ARGS)
-    assert r.returncode == 0, r.stderr
-    want, got = _files(ref), _files(out)
-    want.pop("kq-manifest.json"), got.pop("kq-manifest.json")   # holds the creation time
-    assert got.keys() == want.keys()
-    assert all(got[k] == want[k] for k in want), [k for k in want if got[k] != want[k]]
+    _resume_matches(small_glm5, out, calib, ref)
 
 
 def test_killed_while_the_writer_thread_writes_a_layer_then_resume_is_byte_identical(tmp_path, small_glm5,
@@ -173,12 +178,7 @@ def test_killed_while_the_writer_thread_writes_a_layer_then_resume_is_byte_ident
     assert json.loads((work / "state.json").read_text())["next_layer"] == 1
     assert (work / "acts-0002.safetensors").exists() and (work / "layer-0001.safetensors.tmp").exists()
     assert not (work / "layer-0001.safetensors").exists()
-    r = run_kq("quantize", small_glm5, "--out", out, "--calib", calib, *GPTQ_ARGS)
-    assert r.returncode == 0, r.stderr
-    want, got = _files(ref), _files(out)
-    want.pop("kq-manifest.json"), got.pop("kq-manifest.json")   # holds the creation time
-    assert got.keys() == want.keys()
-    assert all(got[k] == want[k] for k in want), [k for k in want if got[k] != want[k]]
+    _resume_matches(small_glm5, out, calib, ref)
 
 
 def test_a_failed_background_write_ends_the_pass_before_the_layer_is_marked_done(tmp_path, small_glm5,
