@@ -167,15 +167,15 @@ def check(gen):
     ti[5, 2] = -1                                   # another EP rank's expert
     tw = torch.rand(t, k, device=DEV, generator=gen)
     ref = w4a8.reference(x, pp, tw, ti).double()
-    for cvt in (0, 1):
+    for cvt, corr in ((0, 0), (1, 0), (2, 0), (2, 1)):
         for cfgs in (w4a8.configs(t * k, e), (w4a8.W4A8Config(128, 64, 8, 4), w4a8.W4A8Config(128, 128, 8, 3))):
-            cfgs = tuple(w4a8.W4A8Config(c.block_m, c.block_n, c.num_warps, c.num_stages, cvt) for c in cfgs)
+            cfgs = tuple(w4a8.W4A8Config(c.block_m, c.block_n, c.num_warps, c.num_stages, cvt, corr) for c in cfgs)
             out = w4a8.fused_moe_w4a8(x, pp, tw, ti, config=cfgs).double()
             err = ((out - ref).norm() / ref.norm()).item()
             log({"check": "kq_w4a8_vs_reference", "cvt": cvt, "cfg": str(cfgs), "rel_err": err,
                  "finite": bool(torch.isfinite(out).all())})
-    xq, xs = w4a8.quantize_rows(x)
-    cq, cs = w4a8.quantize_rows(x.cpu())
+    xq, xs, _ = w4a8.quantize_rows(x)
+    cq, cs, _ = w4a8.quantize_rows(x.cpu())
     log({"check": "quant_rows_vs_cpu", "codes_differing": int((xq.cpu().view(torch.uint8) != cq.view(torch.uint8)).sum()),
          "codes": xq.numel(), "scale_max_rel": ((xs.cpu() - cs).abs() / cs).max().item()})
 
@@ -240,29 +240,34 @@ def sweep_stages(base, pp, sc, x, tis, k, flops):
     hold a variant since removed: stage 1 as one GEMM over [gate | up], cfg[5] = 0, SiLU*mul in the
     quantisation kernel; 1.04-2x slower.)"""
     p = tis[0].numel()
-    xq, xs = w4a8.quantize_rows(x)
-    aq, a_s = w4a8.quantize_rows(torch.randn(p, pp.intermediate, device=DEV, dtype=torch.bfloat16))
+    act = torch.randn(p, pp.intermediate, device=DEV, dtype=torch.bfloat16)
     C = w4a8.W4A8Config
-    up = [C(64, 64, 4, 4), C(64, 64, 4, 4, 0), C(64, 32, 4, 4), C(64, 64, 4, 2), C(128, 64, 8, 4)]
-    dn = [C(64, 128, 4, 3), C(64, 128, 4, 3, 0), C(128, 64, 4, 3), C(128, 64, 4, 4), C(64, 64, 4, 3),
-          C(128, 32, 4, 3), C(128, 128, 8, 3)]
+    up = [C(64, 64, 4, 4), C(64, 64, 4, 4, 2, 0), C(64, 64, 4, 4, 2, 1), C(64, 64, 4, 4, 2, 0, 0, 168),
+          C(64, 64, 4, 4, 2, 1, 0, 168), C(64, 64, 4, 4, 2, 1, 1), C(64, 64, 4, 3, 2, 1), C(64, 32, 4, 4, 2, 1),
+          C(64, 32, 4, 4, 2, 0), C(128, 64, 8, 4, 2, 1), C(64, 128, 8, 3, 2, 1)]
+    dn = [C(64, 128, 4, 3), C(64, 128, 4, 3, 2, 0), C(64, 128, 4, 3, 2, 1), C(64, 128, 4, 3, 2, 0, 0, 168),
+          C(64, 128, 4, 4, 2, 1), C(64, 64, 4, 4, 2, 1), C(64, 64, 4, 4, 2, 0), C(128, 128, 8, 3, 2, 1),
+          C(128, 64, 4, 3, 2, 1), C(64, 256, 8, 3, 2, 1)]
     best = {}
     for stage, grid in (("gate_up", up), ("down", dn)):
         for cfg in grid:
             rts = [kops.moe_align(t, pp.num_experts, cfg.block_m) for t in tis]
             if stage == "gate_up":
-                f = [lambda r=r, cfg=cfg: w4a8.quantize_rows(w4a8.gate_up(xq, xs, pp, sc[0], r, k, cfg))
+                xq = w4a8.quantize_rows(x, cfg.cvt)
+                f = [lambda r=r, cfg=cfg, xq=xq: w4a8.quantize_rows(w4a8.gate_up(xq, pp, sc[0], r, k, cfg), cfg.cvt)
                      for r in rts]
                 fl = flops * 2 / 3
             else:
-                f = [lambda r=r, cfg=cfg: w4a8.down(aq, a_s, pp, sc[1], r, cfg) for r in rts]
+                aq = w4a8.quantize_rows(act, cfg.cvt)
+                f = [lambda r=r, cfg=cfg, aq=aq: w4a8.down(aq, pp, sc[1], r, cfg) for r in rts]
                 fl = flops / 3
             try:
                 us = bk.graph_us(f, reps=7)
             except Exception as ex:
                 log({**base, "sweep": stage, "cfg": str(cfg), "error": repr(ex)[:200]})
                 continue
-            log({**base, "sweep": stage, "cfg": [cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.cvt],
+            log({**base, "sweep": stage, "cfg": [cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.cvt,
+                                                 cfg.corr, cfg.ahead, cfg.maxnreg],
                  "us": round(us, 1),
                  "tflops": round(fl / us / 1e6, 1)})
             if stage not in best or us < best[stage][0]:

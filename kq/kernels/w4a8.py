@@ -27,7 +27,10 @@ class W4A8Config:
     block_n: int
     num_warps: int = 8
     num_stages: int = 3
-    cvt: int = 1            # w4a8_kernel's int4 -> e4m3 conversion (0 plain ops, 1 byte permutes)
+    cvt: int = 1            # w4a8_kernel's int4 -> e4m3 conversion (0 plain ops, 1 byte permutes, 2 offset bytes)
+    corr: int = 0           # cvt 2's offset correction: 0 each K step, 1 one product after the loop
+    ahead: int = 0          # gate+up: 1 converts both weight tiles before the two wgmma
+    maxnreg: int | None = None
 
 
 def serves(pp: PrepackedMoE, device: torch.device) -> bool:
@@ -65,12 +68,16 @@ def _check(pp: PrepackedMoE) -> None:
 
 # ---------------------------------------------------------------- activation order and quantisation
 
-def lane_order(k: int) -> torch.Tensor:
-    """[Kp] long: input index held at each position of the kernel's activation order (the lane layout's
-    storage order inside every 128-input block); positions past k (padding) hold -1."""
+def lane_order(k: int, cvt: int = 1) -> torch.Tensor:
+    """[Kp] long: input index held at each position of the kernel's activation order for conversion `cvt`
+    (the lane layout's storage order inside every 128-input block; for cvt 2 each word's nibbles in the
+    order 0, 2, 4, 6, 1, 3, 5, 7); positions past k (padding) hold -1."""
     from .lane_layout import _index
     kp = -(-k // PACK_K) * PACK_K
-    idx = (torch.arange(0, kp, PACK_K)[:, None] + _index().view(1, -1)).reshape(-1)
+    block = _index()                                   # [t, wd, J]
+    if cvt == 2:
+        block = block[..., [0, 2, 4, 6, 1, 3, 5, 7]]
+    idx = (torch.arange(0, kp, PACK_K)[:, None] + block.reshape(1, -1)).reshape(-1)
     return torch.where(idx < k, idx, torch.full_like(idx, -1))
 
 
@@ -81,11 +88,13 @@ def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return (xf / scale[:, None]).to(torch.float8_e4m3fn), scale
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [rows, K] -> (q e4m3 [rows, Kp] in the kernel's activation order, scale f32 [rows]); CUDA: one
-    Triton kernel, else torch (the same values)."""
+def quantize_rows(x: torch.Tensor, cvt: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """x [rows, K] -> (q e4m3 [rows, Kp] in the kernel's activation order for conversion `cvt`, scale f32
+    [rows], and for cvt 2 the block sums of q / 64 f32 [rows, Kp/128], else None); CUDA: one Triton
+    kernel, else torch (the same values)."""
     rows, k = x.shape
     kp = -(-k // PACK_K) * PACK_K
+    r = torch.empty(rows, kp // PACK_K, dtype=torch.float32, device=x.device) if cvt == 2 else None
     if x.is_cuda:
         import triton
 
@@ -93,15 +102,19 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q = torch.empty(rows, kp, dtype=torch.float8_e4m3fn, device=x.device)
         s = torch.empty(rows, dtype=torch.float32, device=x.device)
         if rows:
-            quant_rows_kernel[(rows,)](x, x.stride(0), q, q.stride(0), s, k, KP=kp,
-                                       BLOCK=triton.next_power_of_2(kp), num_warps=8)
-        return q, s
+            rr = r if r is not None else s
+            quant_rows_kernel[(rows,)](x, x.stride(0), q, q.stride(0), s, rr, rr.stride(0), k, KP=kp,
+                                       BLOCK=triton.next_power_of_2(kp), ORDER=2 if cvt == 2 else 1,
+                                       num_warps=8)
+        return q, s, r
     qn, s = quantize_rows_reference(x)
-    order = lane_order(k).to(x.device)
+    order = lane_order(k, cvt).to(x.device)
     q = torch.zeros(rows, kp, dtype=torch.float8_e4m3fn, device=x.device)
     valid = order >= 0
     q[:, valid] = qn[:, order[valid]]
-    return q, s
+    if r is not None:
+        r.copy_(q.float().view(rows, -1, PACK_K).sum(-1) / 64)
+    return q, s, r
 
 
 # ---------------------------------------------------------------- the op
@@ -127,39 +140,47 @@ def fused_moe_w4a8(x: torch.Tensor, pp: PrepackedMoE, topk_weights: torch.Tensor
     k = topk_ids.shape[1]
     c1, c2 = config or configs(t * k, pp.num_experts)
     s13, s2 = scales if scales is not None else block_scales(pp)
-    xq, xs = quantize_rows(x.contiguous())
+    xq = quantize_rows(x.contiguous(), c1.cvt)
     r1 = moe_align(topk_ids, pp.num_experts, c1.block_m, expert_map)
-    act = gate_up(xq, xs, pp, s13, r1, k, c1)
+    act = gate_up(xq, pp, s13, r1, k, c1)
     # rows of pairs with no local expert were never written: their codes are never read (the down
     # stage reads routed pairs only)
-    aq, a_s = quantize_rows(act)
+    aq = quantize_rows(act, c2.cvt)
     r2 = r1 if c2.block_m == c1.block_m else moe_align(topk_ids, pp.num_experts, c2.block_m, expert_map)
-    y = down(aq, a_s, pp, s2, r2, c2)
+    y = down(aq, pp, s2, r2, c2)
     return combine_topk(y, topk_ids, topk_weights, expert_map, routed_scaling_factor)
 
 
-def _launch(a, a_s, q, s, out, routing, n, a_row_div, gated, up_offset, cfg: W4A8Config):
+def _launch(aq, q, s, out, routing, n, a_row_div, gated, up_offset, cfg: W4A8Config):
     import triton
 
     from .w4a8_kernel import w4a8_moe_kernel
+    a, a_s, r = aq
+    if (r is not None) != (cfg.cvt == 2):
+        raise ValueError(f"w4a8: activations quantised for another conversion than cvt {cfg.cvt}")
+    r = r if r is not None else a_s.view(-1, 1)
+    kb = q.shape[2]
     w4a8_moe_kernel[(triton.cdiv(n, cfg.block_n), routing[1].numel())](
-        a, a.stride(0), a_s, q, q.stride(0), s, s.stride(0), s.stride(1), out, out.stride(0), *routing,
-        n, q.shape[2], up_offset, A_ROW_DIV=a_row_div, GATED=gated, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        CVT=cfg.cvt, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        a, a.stride(0), a_s, r, r.stride(0), q, q.stride(0), s, s.stride(0), s.stride(1), out, out.stride(0),
+        *routing, n, kb, up_offset, A_ROW_DIV=a_row_div, GATED=gated, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        CVT=cfg.cvt, CORR=cfg.corr, KBP=max(16, triton.next_power_of_2(kb)), AHEAD=cfg.ahead,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
 
 
-def gate_up(xq, xs, pp: PrepackedMoE, s13, routing, top_k: int, cfg: W4A8Config) -> torch.Tensor:
-    """Stage 1 on quantize_rows' output: act[p] = silu(gate_e(x[p // k])) * up_e(x[p // k]), [P, I] bf16."""
+def gate_up(xq, pp: PrepackedMoE, s13, routing, top_k: int, cfg: W4A8Config) -> torch.Tensor:
+    """Stage 1 on quantize_rows' output (for cfg.cvt): act[p] = silu(gate_e(x[p // k])) * up_e(x[p // k]),
+    [P, I] bf16."""
     i = pp.intermediate
-    act = torch.empty(routing[0].numel(), i, dtype=torch.bfloat16, device=xq.device)
-    _launch(xq, xs, pp.w13_q, s13, act, routing, i, top_k, True, i, cfg)
+    act = torch.empty(routing[0].numel(), i, dtype=torch.bfloat16, device=xq[0].device)
+    _launch(xq, pp.w13_q, s13, act, routing, i, top_k, True, i, cfg)
     return act
 
 
-def down(aq, a_s, pp: PrepackedMoE, s2, routing, cfg: W4A8Config) -> torch.Tensor:
-    """Stage 2: y[p] = act[p] @ down_e^T, [P, H] bf16 (rows of pairs with no local expert unwritten)."""
-    y = torch.empty(aq.shape[0], pp.hidden, dtype=torch.bfloat16, device=aq.device)
-    _launch(aq, a_s, pp.w2_q, s2, y, routing, pp.hidden, 1, False, 0, cfg)
+def down(aq, pp: PrepackedMoE, s2, routing, cfg: W4A8Config) -> torch.Tensor:
+    """Stage 2 on quantize_rows' output: y[p] = act[p] @ down_e^T, [P, H] bf16 (rows of pairs with no
+    local expert unwritten)."""
+    y = torch.empty(aq[0].shape[0], pp.hidden, dtype=torch.bfloat16, device=aq[0].device)
+    _launch(aq, pp.w2_q, s2, y, routing, pp.hidden, 1, False, 0, cfg)
     return y
 
 

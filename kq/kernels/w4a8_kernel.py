@@ -17,7 +17,16 @@ The int4 -> e4m3 conversion (CVT):
      1032 leaves q, and the fp16 -> e4m3 cast (cvt.rn.satfinite.e4m3x2.f16x2, two values an instruction);
   1: inline PTX, four codes at a time by byte permutes: prmt with a table of e4m3(-8..-1) for codes 0..7
      (its sign-replicate mode gives 0xFF for codes 8..15), prmt with a table of e4m3(0..7) on the codes
-     xor 8 (0x00 for codes 0..7), a prmt mask of the codes' top bits and one lop3 to pick.
+     xor 8 (0x00 for codes 0..7), a prmt mask of the codes' top bits and one lop3 to pick;
+  2: no conversion at all: the byte 0x0c (a code c = q + 8 in a byte's low nibble) read as e4m3 is c * 2^-9
+     exactly (bytes 0..7 are the subnormals m * 2^-9, bytes 8..15 the exponent-1 numbers (8 + m) * 2^-9),
+     so `w & 0x0F0F0F0F` and `(w >> 4) & 0x0F0F0F0F` are eight e4m3 weights c * 2^-9 in three
+     instructions. The tensor cores then sum a * c; with the activations' block sums
+     r[m, kb] = sum(a[m, kb-block]) / 64 (written by the quantisation kernel)
+         sum a * q = sum a * (c - 8) = 512 * (dot(a, c * 2^-9) - r),
+     taken off each step (CORR 0) or, as one tf32x3 product [M, KB] x [KB, N] of r and the scales, after
+     the K loop (CORR 1). Bytes come in the order nibbles 0, 2, 4, 6 then 1, 3, 5, 7 of each word, so the
+     activations are written in that order (ORDER 2 of quant_rows_kernel; `_k_of`).
 """
 import triton
 import triton.language as tl
@@ -26,12 +35,15 @@ FP8_MAX = tl.constexpr(448.0)
 
 
 @triton.jit
-def _k_of(p):
-    """Input offset inside a 128-input block of position p (0..127) of the lane layout's storage
-    order p = 32t + 8wd + J (lane_layout.lane_input)."""
+def _k_of(p, ORDER: tl.constexpr):
+    """Input offset inside a 128-input block of position p (0..127): ORDER 1, the lane layout's storage
+    order p = 32t + 8wd + J (lane_layout.lane_input); ORDER 2, the same words with each word's nibbles
+    in the order 0, 2, 4, 6, 1, 3, 5, 7 (CVT 2's bytes)."""
     t = p // 32
     wd = (p // 8) % 4
     jj = p % 8
+    if ORDER == 2:
+        jj = 2 * (jj % 4) + jj // 4
     j = jj % 4
     i = jj // 4
     q = 4 * wd + j
@@ -39,18 +51,25 @@ def _k_of(p):
 
 
 @triton.jit
-def quant_rows_kernel(x_ptr, stride_xm, q_ptr, stride_qm, s_ptr, K, KP: tl.constexpr, BLOCK: tl.constexpr):
-    """One row: scale = amax / 448 (dynamic per-token FP8), q[p] = e4m3(x[k(p)] / scale) in the lane
-    layout's input order, inputs past K (the K padding) as 0."""
+def quant_rows_kernel(x_ptr, stride_xm, q_ptr, stride_qm, s_ptr, r_ptr, stride_rm, K, KP: tl.constexpr,
+                      BLOCK: tl.constexpr, ORDER: tl.constexpr):
+    """One row: scale = amax / 448 (dynamic per-token FP8), q[p] = e4m3(x[k(p)] / scale) in the order
+    ORDER (see _k_of), inputs past K (the K padding) as 0; ORDER 2 also writes r[kb] = the sum of the
+    block's e4m3 values / 64 (CVT 2's offset correction)."""
     row = tl.program_id(0).to(tl.int64)
     p = tl.arange(0, BLOCK)
-    k = (p // 128) * 128 + _k_of(p % 128)
+    k = (p // 128) * 128 + _k_of(p % 128, ORDER)
     m = (k < K) & (p < KP)
     x = tl.load(x_ptr + row * stride_xm + k, mask=m, other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=0)
     scale = tl.maximum(amax, 1e-10) / FP8_MAX
-    tl.store(q_ptr + row * stride_qm + p, (x / scale).to(tl.float8e4nv), mask=p < KP)
+    q = (x / scale).to(tl.float8e4nv)
+    tl.store(q_ptr + row * stride_qm + p, q, mask=p < KP)
     tl.store(s_ptr + row, scale)
+    if ORDER == 2:
+        r = tl.sum(tl.reshape(q.to(tl.float32), (BLOCK // 128, 128)), axis=1) * (1.0 / 64.0)
+        kb = tl.arange(0, BLOCK // 128)
+        tl.store(r_ptr + row * stride_rm + kb, r, mask=kb < KP // 128)
 
 
 @triton.jit
@@ -73,6 +92,13 @@ def _codes_fp8(w, BLOCK_N: tl.constexpr, CVT: tl.constexpr):
                      (w >> 16) & 0xF, (w >> 20) & 0xF, (w >> 24) & 0xF, (w >> 28) & 0xF, BLOCK_N)
         f = (c | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0
         return f.to(tl.float8e4nv)
+    elif CVT == 2:
+        # the codes as bytes (see the module doc); the asm only hands Triton each register as four e4m3
+        lo = w & 0x0F0F0F0F
+        hi = (w >> 4) & 0x0F0F0F0F
+        x = _spread8(lo, lo, lo, lo, hi, hi, hi, hi, BLOCK_N)
+        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r,r,r", [x], dtype=tl.float8e4nv,
+                                         is_pure=True, pack=4)
     else:
         # each asm instance takes four consecutive positions (nibbles 0-3 or 4-7 of a word, brought to
         # the low 16 bits) and returns their four e4m3 bytes in one register
@@ -98,6 +124,7 @@ def _codes_fp8(w, BLOCK_N: tl.constexpr, CVT: tl.constexpr):
 @triton.jit
 def w4a8_moe_kernel(
     a_ptr, stride_am, as_ptr,               # activations [rows, KB*128] e4m3 (lane input order), scales [rows] f32
+    r_ptr, stride_rm,                       # CVT 2: the activations' block sums / 64 [rows, KB] f32
     q_ptr, stride_qe,                       # lane words [E, N_all/8, KB, 8, 4, 4] int32
     s_ptr, stride_se, stride_sk,            # scales [E, KB, N_all] bf16 (group 128: one row per block, N contiguous)
     out_ptr, stride_om,                     # out [pairs, N] bf16
@@ -106,6 +133,8 @@ def w4a8_moe_kernel(
     A_ROW_DIV: tl.constexpr,                # stage 1: an activation row is pair // top_k
     GATED: tl.constexpr,                    # w13: gate columns n, up columns up_offset + n; out silu(g) * u
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CVT: tl.constexpr,
+    CORR: tl.constexpr, KBP: tl.constexpr,  # CVT 2's correction: 0 each step, 1 after the loop (KBP >= KB, 2^n)
+    AHEAD: tl.constexpr,                    # GATED: convert both tiles before the two wgmma
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -131,16 +160,40 @@ def w4a8_moe_kernel(
     up_words = (up_offset // 8) * tile_words
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    r_row = r_ptr + arow.to(tl.int64) * stride_rm
     for kb in range(0, KB):
         a = tl.load(a_ptrs + kb * 128)
-        wg = tl.load(w_ptrs + kb * 128)
-        part = tl.dot(a, tl.trans(_codes_fp8(wg, BLOCK_N, CVT)))
+        bg = _codes_fp8(tl.load(w_ptrs + kb * 128), BLOCK_N, CVT)
+        if AHEAD and GATED:
+            # both tiles converted before either wgmma: one wait for the two products
+            bu = _codes_fp8(tl.load(w_ptrs + up_words + kb * 128), BLOCK_N, CVT)
+            part = tl.dot(a, tl.trans(bg))
+            part_u = tl.dot(a, tl.trans(bu))
+        else:
+            part = tl.dot(a, tl.trans(bg))
+            if GATED:
+                part_u = tl.dot(a, tl.trans(_codes_fp8(tl.load(w_ptrs + up_words + kb * 128), BLOCK_N, CVT)))
+        if CVT == 2 and CORR == 0:
+            r = tl.load(r_row + kb)[:, None]
+            part = part - r
+            if GATED:
+                part_u = part_u - r
         acc_g += part * tl.load(s_ptrs + kb * stride_sk, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         if GATED:
-            wu = tl.load(w_ptrs + up_words + kb * 128)
-            part_u = tl.dot(a, tl.trans(_codes_fp8(wu, BLOCK_N, CVT)))
             acc_u += part_u * tl.load(s_ptrs + up_offset + kb * stride_sk, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    if CVT == 2 and CORR == 1:
+        # sum_kb r[m, kb] * s[n, kb] as one product; tf32x3 keeps it to about fp32's precision
+        kk = tl.arange(0, KBP)
+        rt = tl.load(r_row[:, None] + kk[None, :], mask=kk[None, :] < KB, other=0.0)
+        st_ptrs = s_ptrs[None, :] + kk[:, None] * stride_sk
+        st_mask = (kk[:, None] < KB) & n_mask[None, :]
+        acc_g -= tl.dot(rt, tl.load(st_ptrs, mask=st_mask, other=0.0).to(tl.float32), input_precision="tf32x3")
+        if GATED:
+            acc_u -= tl.dot(rt, tl.load(st_ptrs + up_offset, mask=st_mask, other=0.0).to(tl.float32),
+                            input_precision="tf32x3")
     a_s = tl.load(as_ptr + arow)[:, None]
+    if CVT == 2:        # the codes were c * 2^-9
+        a_s = a_s * 512.0
     if GATED:
         g = acc_g * a_s
         res = g / (1.0 + tl.exp(-g)) * (acc_u * a_s)

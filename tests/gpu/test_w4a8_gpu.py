@@ -37,14 +37,16 @@ def _poison(monkeypatch):
     monkeypatch.setattr(w4a8.torch, "empty", empty)
 
 
-CASES = [  # E, H, I, T, k, cfg family (small: the default tiles, large: BLOCK_M 128), cvt
-    (8, 256, 128, 5, 2, "small", 1), (16, 512, 256, 77, 4, "small", 0), (16, 512, 256, 77, 4, "large", 1),
-    (32, 1024, 384, 300, 8, "large", 0), (32, 1024, 384, 300, 8, "small", 1), (4, 768, 640, 130, 3, "large", 1),
+CASES = [  # E, H, I, T, k, cfg family (small: the default tiles, large: BLOCK_M 128), cvt, corr
+    (8, 256, 128, 5, 2, "small", 1, 0), (16, 512, 256, 77, 4, "small", 0, 0), (16, 512, 256, 77, 4, "large", 1, 0),
+    (32, 1024, 384, 300, 8, "large", 0, 0), (32, 1024, 384, 300, 8, "small", 1, 0), (4, 768, 640, 130, 3, "large", 1, 0),
+    (8, 256, 128, 5, 2, "small", 2, 0), (16, 512, 256, 77, 4, "large", 2, 1), (32, 1024, 384, 300, 8, "small", 2, 1),
+    (32, 1024, 384, 300, 8, "large", 2, 0), (4, 768, 640, 130, 3, "small", 2, 0), (4, 2304, 640, 130, 3, "small", 2, 1),
 ]
 
 
-@pytest.mark.parametrize("e,h,i,t,k,family,cvt", CASES)
-def test_w4a8_matches_reference(e, h, i, t, k, family, cvt, monkeypatch):
+@pytest.mark.parametrize("e,h,i,t,k,family,cvt,corr", CASES)
+def test_w4a8_matches_reference(e, h, i, t, k, family, cvt, corr, monkeypatch):
     gen = torch.Generator(device=DEV).manual_seed(e * 131 + t + cvt)
     pp = _moe(e, h, i, gen)
     x = (torch.randn(t, h, generator=gen, device=DEV) * 3).to(torch.bfloat16)
@@ -52,9 +54,9 @@ def test_w4a8_matches_reference(e, h, i, t, k, family, cvt, monkeypatch):
     ids[0, 0] = -1                                        # another EP rank's expert
     tw = torch.rand(t, k, generator=gen, device=DEV)
     if family == "large":   # BLOCK_M 128 on two warpgroups
-        cfg = (w4a8.W4A8Config(128, 64, 8, 4, cvt), w4a8.W4A8Config(128, 128, 8, 3, cvt))
+        cfg = (w4a8.W4A8Config(128, 64, 8, 4, cvt, corr), w4a8.W4A8Config(128, 128, 8, 3, cvt, corr))
     else:
-        cfg = tuple(w4a8.W4A8Config(c.block_m, c.block_n, c.num_warps, c.num_stages, cvt)
+        cfg = tuple(w4a8.W4A8Config(c.block_m, c.block_n, c.num_warps, c.num_stages, cvt, corr)
                     for c in w4a8.configs(t * k, e))
     _poison(monkeypatch)
     got = w4a8.fused_moe_w4a8(x, pp, tw, ids, config=cfg, routed_scaling_factor=2.5)
@@ -78,16 +80,22 @@ def test_w4a8_expert_map():
     assert ((got.double() - ref.double()).norm() / ref.double().norm()).item() < 1e-2
 
 
-def test_quantize_rows_matches_cpu():
+@pytest.mark.parametrize("cvt", [1, 2])
+def test_quantize_rows_matches_cpu(cvt):
     gen = torch.Generator(device=DEV).manual_seed(5)
     x = (torch.randn(33, 640, generator=gen, device=DEV) * 10).to(torch.bfloat16)
-    q, s = w4a8.quantize_rows(x)
-    cq, cs = w4a8.quantize_rows(x.cpu())
+    q, s, r = w4a8.quantize_rows(x, cvt)
+    cq, cs, _ = w4a8.quantize_rows(x.cpu(), cvt)
     assert torch.allclose(s.cpu(), cs, rtol=1e-6)
     # the GPU divides with div.full (2 ulp): a code may land on the other side of a rounding tie
     differ = (q.cpu().view(torch.uint8) != cq.view(torch.uint8)).float().mean().item()
     assert differ < 1e-3
     assert (q.cpu().view(torch.uint8)[:, 640:] == 0).all()
+    if cvt == 2:        # block sums of the codes the kernel wrote, / 64
+        want = q.float().view(33, -1, 128).double().sum(-1) / 64
+        assert r.shape == (33, 6) and torch.allclose(r.double(), want, rtol=1e-6, atol=1e-6)
+    else:
+        assert r is None
 
 
 def test_w4a8_cuda_graph_replay():

@@ -22,17 +22,20 @@ def _moe(e, h, i, seed):
     return prepack_moe(p13, s13, p2, s2, 128, lane=True)
 
 
-def test_lane_order_is_the_lane_layouts_storage_order():
-    order = w4a8.lane_order(384)
+@pytest.mark.parametrize("cvt", [1, 2])
+def test_lane_order_is_the_lane_layouts_storage_order(cvt):
+    order = w4a8.lane_order(384, cvt)
     for kb in range(3):
         for t in range(4):
             for wd in range(4):
                 for j in range(4):
                     for i in range(2):
-                        assert order[128 * kb + 32 * t + 8 * wd + j + 4 * i] == lane_input(kb, t, wd, j, i)
+                        nib = j + 4 * i                         # nibble of word 4t + wd
+                        pos = nib if cvt == 1 else nib // 2 + 4 * (nib % 2)     # cvt 2: 0, 2, 4, 6, 1, 3, 5, 7
+                        assert order[128 * kb + 32 * t + 8 * wd + pos] == lane_input(kb, t, wd, j, i)
     assert sorted(order.tolist()) == list(range(384))
-    padded = w4a8.lane_order(200)
-    assert padded.numel() == 256 and (padded[padded >= 200] < 0).all() if (padded >= 200).any() else True
+    padded = w4a8.lane_order(200, cvt)
+    assert padded.numel() == 256 and (padded < 0).sum() == 56
     assert sorted(v for v in padded.tolist() if v >= 0) == list(range(200))
 
 
@@ -62,20 +65,41 @@ def test_byte_permute_conversion_gives_e4m3_of_every_code():
     assert (got == want).all()
 
 
-def test_kernel_block_maths_on_the_lane_layout_equals_a_matmul():
+def test_offset_bytes_are_the_codes_times_2_to_the_minus_9():
+    """w4a8_kernel CVT 2: every byte 0..15 read as e4m3 is itself * 2^-9 (subnormals 0..7, exponent 1 for
+    8..15), and `w & 0x0F0F0F0F`, `(w >> 4) & 0x0F0F0F0F` give a word's nibbles 0, 2, 4, 6, 1, 3, 5, 7."""
+    b = torch.arange(16, dtype=torch.uint8)
+    assert torch.equal(b.view(torch.float8_e4m3fn).double(), b.double() * 2.0 ** -9)
+    w = np.random.default_rng(0).integers(0, 2 ** 32, 4096, dtype=np.uint64).astype(np.uint32)
+    regs = np.stack([w & 0x0F0F0F0F, (w >> 4) & 0x0F0F0F0F], 1)              # two registers per word
+    got = torch.from_numpy(regs.view(np.uint8).reshape(-1, 8).copy()).view(torch.float8_e4m3fn).double()
+    nibbles = (w[:, None] >> (4 * np.arange(8, dtype=np.uint32))) & 0xF
+    want = torch.from_numpy(nibbles[:, [0, 2, 4, 6, 1, 3, 5, 7]].astype(np.float64)) * 2.0 ** -9
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("cvt", [1, 2])
+def test_kernel_block_maths_on_the_lane_layout_equals_a_matmul(cvt):
     """What w4a8_moe_kernel does for one expert (words expanded in storage order times the activations
-    in lane order, each 128-input block's product times its scale row, the row scale at the end) equals
-    the dequantised weights times the dequantised FP8 activations."""
+    in lane order, each 128-input block's product times its scale row, the row scale at the end; for
+    cvt 2 the codes as c * 2^-9 in its nibble order, less the block sums r, times 512) equals the
+    dequantised weights times the dequantised FP8 activations."""
     pp = _moe(2, 384, 256, 1)
     x = torch.randn(5, 384, dtype=torch.bfloat16)
-    q, s = w4a8.quantize_rows(x)                                   # lane order, CPU path
+    q, s, r = w4a8.quantize_rows(x, cvt)                           # kernel order, CPU path
     words = pp.w13_q[1].to(torch.int64) & 0xFFFFFFFF               # [N/8, KB, 8, 4, 4]
     nt, kb = words.shape[:2]
     codes = (words.permute(0, 2, 1, 3, 4).reshape(nt * 8, kb, 16)[..., None] >> (4 * torch.arange(8))) & 0xF
-    codes = codes.reshape(nt * 8, kb, 128).double() - 8                     # [N, KB, 128] position p = 8 word + J
     scales = w4a8.block_scales(pp)[0][1].double()                            # [KB, N]
     a = q.double().view(5, kb, 128)
-    acc = sum(torch.einsum("mp,np->mn", a[:, b], codes[:, b]) * scales[b][None, :] for b in range(kb))
+    if cvt == 1:
+        codes = codes.reshape(nt * 8, kb, 128).double() - 8                 # [N, KB, 128] position p = 8 word + J
+        acc = sum(torch.einsum("mp,np->mn", a[:, b], codes[:, b]) * scales[b][None, :] for b in range(kb))
+    else:
+        assert torch.equal(r.double(), a.sum(-1) / 64)
+        codes = codes[..., [0, 2, 4, 6, 1, 3, 5, 7]].reshape(nt * 8, kb, 128).double() * 2.0 ** -9
+        acc = sum((torch.einsum("mp,np->mn", a[:, b], codes[:, b]) - r[:, b, None].double())
+                  * 512 * scales[b][None, :] for b in range(kb))
     got = acc * s.double()[:, None]
     qn, sn = w4a8.quantize_rows_reference(x)
     w = dequantize_lane(pp.w13_q[1:2], pp.w13_s[1:2], 384, 128, torch.float64)[0]
@@ -83,7 +107,8 @@ def test_kernel_block_maths_on_the_lane_layout_equals_a_matmul():
     assert torch.allclose(got, want, rtol=1e-9, atol=1e-9)
 
 
-def test_quant_rows_kernel_through_the_interpreter(monkeypatch):
+@pytest.mark.parametrize("order", [1, 2])
+def test_quant_rows_kernel_through_the_interpreter(order, monkeypatch):
     pytest.importorskip("triton")
     if torch.cuda.is_available():
         pytest.skip("the interpreter shim is loaded only without a GPU")
@@ -92,8 +117,9 @@ def test_quant_rows_kernel_through_the_interpreter(monkeypatch):
     x = (torch.randn(3, 200) * 4).to(torch.bfloat16)
     q = torch.empty(3, 256, dtype=torch.float8_e4m3fn)
     s = torch.empty(3, dtype=torch.float32)
-    quant_rows_kernel[(3,)](x, x.stride(0), q, q.stride(0), s, 200, KP=256, BLOCK=256)
-    cq, cs = w4a8.quantize_rows(x)
+    r = torch.full((3, 2), float("nan"))
+    quant_rows_kernel[(3,)](x, x.stride(0), q, q.stride(0), s, r, r.stride(0), 200, KP=256, BLOCK=256, ORDER=order)
+    cq, cs, _ = w4a8.quantize_rows(x, order)
     assert torch.allclose(s, cs, rtol=1e-6)
     # Triton 3.6's interpreter casts to fp8 its own way (about 2 % of the codes differ from torch's
     # round-to-nearest, seen up to a factor 2 off); the order is what this pins: a wrong position
@@ -101,6 +127,10 @@ def test_quant_rows_kernel_through_the_interpreter(monkeypatch):
     same = (q.view(torch.uint8) == cq.view(torch.uint8)).float().mean()
     assert same > 0.9
     assert (q.float().abs().amax(-1) == 448).all()
+    if order == 2:      # the block sums of what the kernel wrote, / 64
+        assert torch.allclose(r, q.float().view(3, 2, 128).sum(-1) / 64, rtol=1e-6, atol=1e-6)
+    else:
+        assert r.isnan().all()
 
 
 def test_reference_is_w4a16_up_to_fp8_activation_error():
