@@ -167,9 +167,13 @@ def check(gen):
     ti[5, 2] = -1                                   # another EP rank's expert
     tw = torch.rand(t, k, device=DEV, generator=gen)
     ref = w4a8.reference(x, pp, tw, ti).double()
-    for cvt, corr in ((0, 0), (1, 0), (2, 0), (2, 1)):
-        for cfgs in (w4a8.configs(t * k, e), (w4a8.W4A8Config(128, 64, 8, 4), w4a8.W4A8Config(128, 128, 8, 3))):
-            cfgs = tuple(w4a8.W4A8Config(c.block_m, c.block_n, c.num_warps, c.num_stages, cvt, corr) for c in cfgs)
+    C = w4a8.W4A8Config
+    for cvt, corr in ((1, 0), (2, 0), (2, 1), (3, 0)):
+        for cfgs in (w4a8.configs(t * k, e), (C(128, 64, 8, 4), C(128, 128, 8, 3))):
+            if cvt == 3:        # the Gluon kernel (cvt 2)
+                cfgs = (C(64, 64, 4, 3, 2, gluon=True), C(64, 128, 4, 3, 2, gluon=True))
+            else:
+                cfgs = tuple(C(c.block_m, c.block_n, c.num_warps, c.num_stages, cvt, corr) for c in cfgs)
             out = w4a8.fused_moe_w4a8(x, pp, tw, ti, config=cfgs).double()
             err = ((out - ref).norm() / ref.norm()).item()
             log({"check": "kq_w4a8_vs_reference", "cvt": cvt, "cfg": str(cfgs), "rel_err": err,
@@ -242,12 +246,10 @@ def sweep_stages(base, pp, sc, x, tis, k, flops):
     p = tis[0].numel()
     act = torch.randn(p, pp.intermediate, device=DEV, dtype=torch.bfloat16)
     C = w4a8.W4A8Config
-    up = [C(64, 64, 4, 4), C(64, 64, 4, 4, 2, 0), C(64, 64, 4, 4, 2, 1), C(64, 64, 4, 4, 2, 0, 0, 168),
-          C(64, 64, 4, 4, 2, 1, 0, 168), C(64, 64, 4, 4, 2, 1, 1), C(64, 64, 4, 3, 2, 1), C(64, 32, 4, 4, 2, 1),
-          C(64, 32, 4, 4, 2, 0), C(128, 64, 8, 4, 2, 1), C(64, 128, 8, 3, 2, 1)]
-    dn = [C(64, 128, 4, 3), C(64, 128, 4, 3, 2, 0), C(64, 128, 4, 3, 2, 1), C(64, 128, 4, 3, 2, 0, 0, 168),
-          C(64, 128, 4, 4, 2, 1), C(64, 64, 4, 4, 2, 1), C(64, 64, 4, 4, 2, 0), C(128, 128, 8, 3, 2, 1),
-          C(128, 64, 4, 3, 2, 1), C(64, 256, 8, 3, 2, 1)]
+    up = [C(64, 64, 4, 4), C(64, 64, 4, 4, 2, 0, 0, 168), C(64, 64, 4, 3, 2, gluon=True),
+          C(64, 64, 4, 4, 2, gluon=True), C(64, 64, 4, 5, 2, gluon=True), C(64, 32, 4, 4, 2, gluon=True)]
+    dn = [C(64, 128, 4, 3), C(64, 128, 4, 3, 2, 0, 0, 168), C(64, 128, 4, 3, 2, gluon=True),
+          C(64, 128, 4, 4, 2, gluon=True), C(64, 64, 4, 4, 2, gluon=True), C(64, 64, 4, 3, 2, gluon=True)]
     best = {}
     for stage, grid in (("gate_up", up), ("down", dn)):
         for cfg in grid:
@@ -267,7 +269,7 @@ def sweep_stages(base, pp, sc, x, tis, k, flops):
                 log({**base, "sweep": stage, "cfg": str(cfg), "error": repr(ex)[:200]})
                 continue
             log({**base, "sweep": stage, "cfg": [cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.cvt,
-                                                 cfg.corr, cfg.ahead, cfg.maxnreg],
+                                                 cfg.corr, cfg.ahead, cfg.maxnreg, cfg.gluon],
                  "us": round(us, 1),
                  "tflops": round(fl / us / 1e6, 1)})
             if stage not in best or us < best[stage][0]:

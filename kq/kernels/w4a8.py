@@ -31,6 +31,7 @@ class W4A8Config:
     corr: int = 0           # cvt 2's offset correction: 0 each K step, 1 one product after the loop
     ahead: int = 0          # gate+up: 1 converts both weight tiles before the two wgmma
     maxnreg: int | None = None
+    gluon: bool = False     # w4a8_gluon's kernel (cvt 2, per-step correction, num_stages = activation ring)
 
 
 def serves(pp: PrepackedMoE, device: torch.device) -> bool:
@@ -160,6 +161,15 @@ def _launch(aq, q, s, out, routing, n, a_row_div, gated, up_offset, cfg: W4A8Con
         raise ValueError(f"w4a8: activations quantised for another conversion than cvt {cfg.cvt}")
     r = r if r is not None else a_s.view(-1, 1)
     kb = q.shape[2]
+    if cfg.gluon:
+        from .w4a8_gluon import w4a8_moe_gluon_kernel
+        if cfg.cvt != 2 or cfg.block_m != 64 or cfg.num_warps != 4:
+            raise ValueError(f"w4a8: the Gluon kernel takes cvt 2, BLOCK_M 64 and 4 warps, not {cfg}")
+        w4a8_moe_gluon_kernel[(triton.cdiv(n, cfg.block_n), routing[1].numel())](
+            a, a.stride(0), a_s, r, r.stride(0), q, q.stride(0), s, s.stride(0), s.stride(1), out, out.stride(0),
+            *routing, n, kb, up_offset, A_ROW_DIV=a_row_div, GATED=gated, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            STAGES=cfg.num_stages, num_warps=4)
+        return
     w4a8_moe_kernel[(triton.cdiv(n, cfg.block_n), routing[1].numel())](
         a, a.stride(0), a_s, r, r.stride(0), q, q.stride(0), s, s.stride(0), s.stride(1), out, out.stride(0),
         *routing, n, kb, up_offset, A_ROW_DIV=a_row_div, GATED=gated, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
