@@ -247,9 +247,11 @@ def sweep_stages(base, pp, sc, x, tis, k, flops):
     act = torch.randn(p, pp.intermediate, device=DEV, dtype=torch.bfloat16)
     C = w4a8.W4A8Config
     up = [C(64, 64, 4, 4), C(64, 64, 4, 4, 2, 0, 0, 168), C(64, 64, 4, 3, 2, gluon=True),
-          C(64, 64, 4, 4, 2, gluon=True), C(64, 64, 4, 5, 2, gluon=True), C(64, 32, 4, 4, 2, gluon=True)]
+          C(64, 64, 4, 4, 2, gluon=True), C(64, 64, 4, 5, 2, gluon=True), C(64, 32, 4, 4, 2, gluon=True),
+          C(128, 64, 8, 3, 2, gluon=True)]
     dn = [C(64, 128, 4, 3), C(64, 128, 4, 3, 2, 0, 0, 168), C(64, 128, 4, 3, 2, gluon=True),
-          C(64, 128, 4, 4, 2, gluon=True), C(64, 64, 4, 4, 2, gluon=True), C(64, 64, 4, 3, 2, gluon=True)]
+          C(64, 128, 4, 4, 2, gluon=True), C(64, 64, 4, 4, 2, gluon=True), C(64, 64, 4, 3, 2, gluon=True),
+          C(128, 128, 8, 3, 2, gluon=True)]
     best = {}
     for stage, grid in (("gate_up", up), ("down", dn)):
         for cfg in grid:

@@ -163,12 +163,12 @@ def _launch(aq, q, s, out, routing, n, a_row_div, gated, up_offset, cfg: W4A8Con
     kb = q.shape[2]
     if cfg.gluon:
         from .w4a8_gluon import w4a8_moe_gluon_kernel
-        if cfg.cvt != 2 or cfg.block_m != 64 or cfg.num_warps != 4:
-            raise ValueError(f"w4a8: the Gluon kernel takes cvt 2, BLOCK_M 64 and 4 warps, not {cfg}")
+        if cfg.cvt != 2 or cfg.block_m not in (64, 128) or cfg.num_warps != cfg.block_m // 16:
+            raise ValueError(f"w4a8: the Gluon kernel takes cvt 2, BLOCK_M 64 or 128 and a warp per 16 rows, not {cfg}")
         w4a8_moe_gluon_kernel[(triton.cdiv(n, cfg.block_n), routing[1].numel())](
             a, a.stride(0), a_s, r, r.stride(0), q, q.stride(0), s, s.stride(0), s.stride(1), out, out.stride(0),
             *routing, n, kb, up_offset, A_ROW_DIV=a_row_div, GATED=gated, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            STAGES=cfg.num_stages, num_warps=4)
+            STAGES=cfg.num_stages, num_warps=cfg.num_warps)
         return
     w4a8_moe_kernel[(triton.cdiv(n, cfg.block_n), routing[1].numel())](
         a, a.stride(0), a_s, r, r.stride(0), q, q.stride(0), s, s.stride(0), s.stride(1), out, out.stride(0),

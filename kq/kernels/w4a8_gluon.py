@@ -39,12 +39,14 @@ def w4a8_moe_gluon_kernel(
     A_ROW_DIV: gl.constexpr, GATED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr,
 ):
-    gl.static_assert(BLOCK_M == 64, "one warpgroup of 4 warps, 64 rows")
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32])
+    # one warpgroup (4 warps) per 64 rows; the weight tiles are converted once for all of them
+    NW: gl.constexpr = BLOCK_M // 16
+    gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128, "64 or 128 rows: one or two warpgroups")
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_N, 32])
     row_l: gl.constexpr = gl.SliceLayout(1, mma)
     col_l: gl.constexpr = gl.SliceLayout(0, mma)
-    al: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])          # [BLOCK_M, 128] e4m3, 16 B a thread
-    wl: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [4, 1], [1, 0])           # [BLOCK_N, 16] int32, 16 B a thread
+    al: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [NW, 1], [1, 0])         # [BLOCK_M, 128] e4m3, 16 B a thread
+    wl: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [NW, 1], [1, 0])          # [BLOCK_N, 16] int32, 16 B a thread
     a_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     b_wl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
 

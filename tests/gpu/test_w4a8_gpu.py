@@ -43,7 +43,7 @@ CASES = [  # E, H, I, T, k, cfg family (small: the default tiles, large: BLOCK_M
     (8, 256, 128, 5, 2, "small", 2, 0), (16, 512, 256, 77, 4, "large", 2, 1), (32, 1024, 384, 300, 8, "small", 2, 1),
     (32, 1024, 384, 300, 8, "large", 2, 0), (4, 768, 640, 130, 3, "small", 2, 0), (4, 2304, 640, 130, 3, "small", 2, 1),
     (8, 256, 128, 5, 2, "gluon", 2, 0), (16, 512, 256, 77, 4, "gluon", 2, 0), (32, 1024, 384, 300, 8, "gluon", 2, 0),
-    (4, 2304, 640, 130, 3, "gluon", 2, 0), (4, 768, 256, 600, 3, "gluon", 2, 0),
+    (4, 2304, 640, 130, 3, "gluon", 2, 0), (4, 768, 256, 600, 3, "gluon", 2, 0), (16, 512, 256, 300, 4, "gluon128", 2, 0),
 ]
 
 
@@ -59,6 +59,8 @@ def test_w4a8_matches_reference(e, h, i, t, k, family, cvt, corr, monkeypatch):
         cfg = (w4a8.W4A8Config(128, 64, 8, 4, cvt, corr), w4a8.W4A8Config(128, 128, 8, 3, cvt, corr))
     elif family == "gluon":
         cfg = (w4a8.W4A8Config(64, 64, 4, 3, 2, gluon=True), w4a8.W4A8Config(64, 128, 4, 4, 2, gluon=True))
+    elif family == "gluon128":  # two warpgroups
+        cfg = (w4a8.W4A8Config(128, 64, 8, 3, 2, gluon=True), w4a8.W4A8Config(128, 128, 8, 3, 2, gluon=True))
     else:
         cfg = tuple(w4a8.W4A8Config(c.block_m, c.block_n, c.num_warps, c.num_stages, cvt, corr)
                     for c in w4a8.configs(t * k, e))
