@@ -247,11 +247,11 @@ def sweep_stages(base, pp, sc, x, tis, k, flops):
     act = torch.randn(p, pp.intermediate, device=DEV, dtype=torch.bfloat16)
     C = w4a8.W4A8Config
     up = [C(64, 64, 4, 4), C(64, 64, 4, 4, 2, 0, 0, 168), C(64, 64, 4, 3, 2, gluon=True),
-          C(64, 64, 4, 4, 2, gluon=True), C(64, 64, 4, 5, 2, gluon=True), C(64, 32, 4, 4, 2, gluon=True),
-          C(128, 64, 8, 3, 2, gluon=True)]
+          C(64, 64, 4, 3, 2, gluon=True, prefetch=0), C(64, 64, 4, 2, 2, gluon=True, prefetch=0),
+          C(64, 64, 4, 2, 2, gluon=True), C(64, 64, 4, 4, 2, gluon=True, prefetch=0)]
     dn = [C(64, 128, 4, 3), C(64, 128, 4, 3, 2, 0, 0, 168), C(64, 128, 4, 3, 2, gluon=True),
-          C(64, 128, 4, 4, 2, gluon=True), C(64, 64, 4, 4, 2, gluon=True), C(64, 64, 4, 3, 2, gluon=True),
-          C(128, 128, 8, 3, 2, gluon=True)]
+          C(64, 128, 4, 3, 2, gluon=True, prefetch=0), C(64, 128, 4, 2, 2, gluon=True, prefetch=0),
+          C(64, 128, 4, 2, 2, gluon=True), C(64, 128, 4, 4, 2, gluon=True, prefetch=0)]
     best = {}
     for stage, grid in (("gate_up", up), ("down", dn)):
         for cfg in grid:
@@ -271,7 +271,7 @@ def sweep_stages(base, pp, sc, x, tis, k, flops):
                 log({**base, "sweep": stage, "cfg": str(cfg), "error": repr(ex)[:200]})
                 continue
             log({**base, "sweep": stage, "cfg": [cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.cvt,
-                                                 cfg.corr, cfg.ahead, cfg.maxnreg, cfg.gluon],
+                                                 cfg.corr, cfg.ahead, cfg.maxnreg, cfg.gluon, cfg.prefetch],
                  "us": round(us, 1),
                  "tflops": round(fl / us / 1e6, 1)})
             if stage not in best or us < best[stage][0]:

@@ -32,6 +32,7 @@ class W4A8Config:
     ahead: int = 0          # gate+up: 1 converts both weight tiles before the two wgmma
     maxnreg: int | None = None
     gluon: bool = False     # w4a8_gluon's kernel (cvt 2, per-step correction, num_stages = activation ring)
+    prefetch: int = 1       # gluon: 1 loads block kb + 2's weight words during block kb, 0 at use
 
 
 def serves(pp: PrepackedMoE, device: torch.device) -> bool:
@@ -168,7 +169,7 @@ def _launch(aq, q, s, out, routing, n, a_row_div, gated, up_offset, cfg: W4A8Con
         w4a8_moe_gluon_kernel[(triton.cdiv(n, cfg.block_n), routing[1].numel())](
             a, a.stride(0), a_s, r, r.stride(0), q, q.stride(0), s, s.stride(0), s.stride(1), out, out.stride(0),
             *routing, n, kb, up_offset, A_ROW_DIV=a_row_div, GATED=gated, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            STAGES=cfg.num_stages, num_warps=cfg.num_warps)
+            STAGES=cfg.num_stages, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps)
         return
     w4a8_moe_kernel[(triton.cdiv(n, cfg.block_n), routing[1].numel())](
         a, a.stride(0), a_s, r, r.stride(0), q, q.stride(0), s, s.stride(0), s.stride(1), out, out.stride(0),

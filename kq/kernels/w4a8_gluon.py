@@ -38,6 +38,7 @@ def w4a8_moe_gluon_kernel(
     out_ptr, stride_om, pairs_ptr, blk_expert_ptr, blk_start_ptr, blk_count_ptr, N, KB, up_offset,
     A_ROW_DIV: gl.constexpr, GATED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr,
+    PREFETCH: gl.constexpr,   # 1: block kb + 2's words loaded into registers during block kb; 0: loaded at use
 ):
     # one warpgroup (4 warps) per 64 rows; the weight tiles are converted once for all of them
     NW: gl.constexpr = BLOCK_M // 16
@@ -108,6 +109,7 @@ def w4a8_moe_gluon_kernel(
     acc_u = zero
     for kb in range(0, KB):
         async_copy.wait_group(STAGES - 2)
+        # the proxy fence (a MEMBAR in SASS) also waits for this thread's loads still in flight
         fence_async_shared()
         gl.thread_barrier()
         # the ring slot of block kb - 1 is free (its wgmma was waited for before the barrier)
@@ -118,16 +120,21 @@ def w4a8_moe_gluon_kernel(
         tg = warpgroup_mma(a, bg.index(kb % 2).permute((1, 0)), zero, use_acc=False, is_async=True)
         if GATED:
             tu = warpgroup_mma(a, bu.index(kb % 2).permute((1, 0)), zero, use_acc=False, is_async=True)
-        # while the tensor cores run: next block's weights into the other buffer, the one after into registers
-        _codes_to_smem(wg, bg_w.index((kb + 1) % 2))
-        nxt2 = gl.minimum(kb + 2, KB - 1) * 128
-        wg = gl.load(w_ptrs + nxt2)
+        # while the tensor cores run: the next block's weights into the other buffer
         nk = gl.minimum(kb + 1, KB - 1)
+        if PREFETCH:
+            _codes_to_smem(wg, bg_w.index((kb + 1) % 2))
+            wg = gl.load(w_ptrs + gl.minimum(kb + 2, KB - 1) * 128)
+        else:
+            _codes_to_smem(gl.load(w_ptrs + nk * 128), bg_w.index((kb + 1) % 2))
         sg_n = gl.load(s_ptrs + nk * stride_sk, mask=n_mask, other=0.0).to(gl.float32)
         r_n = gl.load(r_ptrs + nk)
         if GATED:
-            _codes_to_smem(wu, bu_w.index((kb + 1) % 2))
-            wu = gl.load(w_ptrs + up_words + nxt2)
+            if PREFETCH:
+                _codes_to_smem(wu, bu_w.index((kb + 1) % 2))
+                wu = gl.load(w_ptrs + up_words + gl.minimum(kb + 2, KB - 1) * 128)
+            else:
+                _codes_to_smem(gl.load(w_ptrs + up_words + nk * 128), bu_w.index((kb + 1) % 2))
             su_n = gl.load(s_ptrs + up_offset + nk * stride_sk, mask=n_mask, other=0.0).to(gl.float32)
             pg, pu = warpgroup_mma_wait(0, deps=(tg, tu))
             acc_u += (pu - r[:, None]) * su[None, :]

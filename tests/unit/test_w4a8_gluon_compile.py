@@ -33,7 +33,7 @@ def _compile(gated: bool, block_n: int, stages: int, cubin: Path) -> None:
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from kq.kernels.w4a8_gluon import w4a8_moe_gluon_kernel
-    consts = {"A_ROW_DIV": 8 if gated else 1, "GATED": gated, "BLOCK_M": 64, "BLOCK_N": block_n, "STAGES": stages}
+    consts = {"A_ROW_DIV": 8 if gated else 1, "GATED": gated, "BLOCK_M": 64, "BLOCK_N": block_n, "STAGES": stages, "PREFETCH": 1}
     names = list(SIG)
     src = GluonASTSource(fn=w4a8_moe_gluon_kernel, signature={**SIG, **{k: "constexpr" for k in consts}},
                          constexprs=consts, attrs={(names.index(n),): [["tt.divisibility", 16]] for n in DIV16})
