@@ -28,11 +28,7 @@ class W4A8Config:
     num_warps: int = 8
     num_stages: int = 3
     cvt: int = 1            # w4a8_kernel's int4 -> e4m3 conversion (0 plain ops, 1 byte permutes, 2 offset bytes)
-    corr: int = 0           # cvt 2's offset correction: 0 each K step, 1 one product after the loop
-    ahead: int = 0          # gate+up: 1 converts both weight tiles before the two wgmma
-    maxnreg: int | None = None
-    gluon: bool = False     # w4a8_gluon's kernel (cvt 2, per-step correction, num_stages = activation ring)
-    prefetch: int = 1       # gluon: 1 loads block kb + 2's weight words during block kb, 0 at use
+    maxnreg: int | None = None  # register cap per thread (168: three programs a multiprocessor)
 
 
 def serves(pp: PrepackedMoE, device: torch.device) -> bool:
@@ -53,13 +49,13 @@ def block_scales(pp: PrepackedMoE) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def configs(pairs: int, num_experts: int) -> tuple[W4A8Config, W4A8Config]:
-    """(gate+up, down) tiles, from the H200 sweeps (benchmarks/w4a8_bench.py --sweep, GLM-5.2 at 2048, 4096
-    and 16384 tokens; benchmarks/results/h200/w4a8_call{2,3}_*.jsonl): BLOCK_M 64 on one warpgroup,
-    three programs a multiprocessor, gate+up 64 x (64 gate + 64 up) columns with SiLU*mul in the epilogue,
-    down 64 x 128. BLOCK_M 128 on two warpgroups (one program a multiprocessor) ran 1.3-1.8x slower, one
-    GEMM over [gate | up] with SiLU*mul in the quantisation kernel 1.04-2x slower, and the plain-ops
-    conversion 2-20 % slower than the byte permutes."""
-    return W4A8Config(64, 64, 4, 4), W4A8Config(64, 128, 4, 3)
+    """(gate+up, down) tiles, from the H200 sweeps (benchmarks/w4a8_bench.py --sweep, GLM-5.2 at 2048 and 4096
+    tokens; benchmarks/results/h200/w4a8_*.jsonl): BLOCK_M 64 on one warpgroup, gate+up 64 x (64 gate + 64
+    up) columns with SiLU*mul in the epilogue, down 64 x 128, the offset-byte conversion (cvt 2) held to
+    168 registers so three programs share a multiprocessor: 3-7 % faster than the byte permutes (cvt 1).
+    BLOCK_M 128 on two warpgroups ran 1.3-1.8x slower, one GEMM over [gate | up] with SiLU*mul in the
+    quantisation kernel 1.04-2x slower, the plain-ops conversion 2-20 % slower than the byte permutes."""
+    return W4A8Config(64, 64, 4, 4, 2, 168), W4A8Config(64, 128, 4, 3, 2, 168)
 
 
 def _check(pp: PrepackedMoE) -> None:
@@ -162,20 +158,10 @@ def _launch(aq, q, s, out, routing, n, a_row_div, gated, up_offset, cfg: W4A8Con
         raise ValueError(f"w4a8: activations quantised for another conversion than cvt {cfg.cvt}")
     r = r if r is not None else a_s.view(-1, 1)
     kb = q.shape[2]
-    if cfg.gluon:
-        from .w4a8_gluon import w4a8_moe_gluon_kernel
-        if cfg.cvt != 2 or cfg.block_m not in (64, 128) or cfg.num_warps != cfg.block_m // 16:
-            raise ValueError(f"w4a8: the Gluon kernel takes cvt 2, BLOCK_M 64 or 128 and a warp per 16 rows, not {cfg}")
-        w4a8_moe_gluon_kernel[(triton.cdiv(n, cfg.block_n), routing[1].numel())](
-            a, a.stride(0), a_s, r, r.stride(0), q, q.stride(0), s, s.stride(0), s.stride(1), out, out.stride(0),
-            *routing, n, kb, up_offset, A_ROW_DIV=a_row_div, GATED=gated, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            STAGES=cfg.num_stages, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps)
-        return
     w4a8_moe_kernel[(triton.cdiv(n, cfg.block_n), routing[1].numel())](
         a, a.stride(0), a_s, r, r.stride(0), q, q.stride(0), s, s.stride(0), s.stride(1), out, out.stride(0),
         *routing, n, kb, up_offset, A_ROW_DIV=a_row_div, GATED=gated, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        CVT=cfg.cvt, CORR=cfg.corr, KBP=max(16, triton.next_power_of_2(kb)), AHEAD=cfg.ahead,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
+        CVT=cfg.cvt, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
 
 
 def gate_up(xq, pp: PrepackedMoE, s13, routing, top_k: int, cfg: W4A8Config) -> torch.Tensor:

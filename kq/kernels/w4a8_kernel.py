@@ -24,9 +24,9 @@ The int4 -> e4m3 conversion (CVT):
      instructions. The tensor cores then sum a * c; with the activations' block sums
      r[m, kb] = sum(a[m, kb-block]) / 64 (written by the quantisation kernel)
          sum a * q = sum a * (c - 8) = 512 * (dot(a, c * 2^-9) - r),
-     taken off each step (CORR 0) or, as one tf32x3 product [M, KB] x [KB, N] of r and the scales, after
-     the K loop (CORR 1). Bytes come in the order nibbles 0, 2, 4, 6 then 1, 3, 5, 7 of each word, so the
-     activations are written in that order (ORDER 2 of quant_rows_kernel; `_k_of`).
+     taken off each step; the 512 goes into the row scale at the end. Bytes come in the order nibbles
+     0, 2, 4, 6 then 1, 3, 5, 7 of each word, so the activations are written in that order (ORDER 2 of
+     quant_rows_kernel; `_k_of`).
 """
 import triton
 import triton.language as tl
@@ -133,8 +133,6 @@ def w4a8_moe_kernel(
     A_ROW_DIV: tl.constexpr,                # stage 1: an activation row is pair // top_k
     GATED: tl.constexpr,                    # w13: gate columns n, up columns up_offset + n; out silu(g) * u
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CVT: tl.constexpr,
-    CORR: tl.constexpr, KBP: tl.constexpr,  # CVT 2's correction: 0 each step, 1 after the loop (KBP >= KB, 2^n)
-    AHEAD: tl.constexpr,                    # GATED: convert both tiles before the two wgmma
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -163,34 +161,16 @@ def w4a8_moe_kernel(
     r_row = r_ptr + arow.to(tl.int64) * stride_rm
     for kb in range(0, KB):
         a = tl.load(a_ptrs + kb * 128)
-        bg = _codes_fp8(tl.load(w_ptrs + kb * 128), BLOCK_N, CVT)
-        if AHEAD and GATED:
-            # both tiles converted before either wgmma: one wait for the two products
-            bu = _codes_fp8(tl.load(w_ptrs + up_words + kb * 128), BLOCK_N, CVT)
-            part = tl.dot(a, tl.trans(bg))
-            part_u = tl.dot(a, tl.trans(bu))
-        else:
-            part = tl.dot(a, tl.trans(bg))
-            if GATED:
-                part_u = tl.dot(a, tl.trans(_codes_fp8(tl.load(w_ptrs + up_words + kb * 128), BLOCK_N, CVT)))
-        if CVT == 2 and CORR == 0:
+        part = tl.dot(a, tl.trans(_codes_fp8(tl.load(w_ptrs + kb * 128), BLOCK_N, CVT)))
+        if CVT == 2:
             r = tl.load(r_row + kb)[:, None]
             part = part - r
-            if GATED:
-                part_u = part_u - r
         acc_g += part * tl.load(s_ptrs + kb * stride_sk, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         if GATED:
+            part_u = tl.dot(a, tl.trans(_codes_fp8(tl.load(w_ptrs + up_words + kb * 128), BLOCK_N, CVT)))
+            if CVT == 2:
+                part_u = part_u - r
             acc_u += part_u * tl.load(s_ptrs + up_offset + kb * stride_sk, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    if CVT == 2 and CORR == 1:
-        # sum_kb r[m, kb] * s[n, kb] as one product; tf32x3 keeps it to about fp32's precision
-        kk = tl.arange(0, KBP)
-        rt = tl.load(r_row[:, None] + kk[None, :], mask=kk[None, :] < KB, other=0.0)
-        st_ptrs = s_ptrs[None, :] + kk[:, None] * stride_sk
-        st_mask = (kk[:, None] < KB) & n_mask[None, :]
-        acc_g -= tl.dot(rt, tl.load(st_ptrs, mask=st_mask, other=0.0).to(tl.float32), input_precision="tf32x3")
-        if GATED:
-            acc_u -= tl.dot(rt, tl.load(st_ptrs + up_offset, mask=st_mask, other=0.0).to(tl.float32),
-                            input_precision="tf32x3")
     a_s = tl.load(as_ptr + arow)[:, None]
     if CVT == 2:        # the codes were c * 2^-9
         a_s = a_s * 512.0

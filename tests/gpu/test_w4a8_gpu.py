@@ -37,18 +37,17 @@ def _poison(monkeypatch):
     monkeypatch.setattr(w4a8.torch, "empty", empty)
 
 
-CASES = [  # E, H, I, T, k, cfg family (small: the default tiles, large: BLOCK_M 128), cvt, corr
-    (8, 256, 128, 5, 2, "small", 1, 0), (16, 512, 256, 77, 4, "small", 0, 0), (16, 512, 256, 77, 4, "large", 1, 0),
-    (32, 1024, 384, 300, 8, "large", 0, 0), (32, 1024, 384, 300, 8, "small", 1, 0), (4, 768, 640, 130, 3, "large", 1, 0),
-    (8, 256, 128, 5, 2, "small", 2, 0), (16, 512, 256, 77, 4, "large", 2, 1), (32, 1024, 384, 300, 8, "small", 2, 1),
-    (32, 1024, 384, 300, 8, "large", 2, 0), (4, 768, 640, 130, 3, "small", 2, 0), (4, 2304, 640, 130, 3, "small", 2, 1),
-    (8, 256, 128, 5, 2, "gluon", 2, 0), (16, 512, 256, 77, 4, "gluon", 2, 0), (32, 1024, 384, 300, 8, "gluon", 2, 0),
-    (4, 2304, 640, 130, 3, "gluon", 2, 0), (4, 768, 256, 600, 3, "gluon", 2, 0), (16, 512, 256, 300, 4, "gluon128", 2, 0),
+CASES = [  # E, H, I, T, k, cfg family (small: the default tiles, large: BLOCK_M 128), cvt
+    (8, 256, 128, 5, 2, "small", 1), (16, 512, 256, 77, 4, "small", 0), (16, 512, 256, 77, 4, "large", 1),
+    (32, 1024, 384, 300, 8, "large", 0), (32, 1024, 384, 300, 8, "small", 1), (4, 768, 640, 130, 3, "large", 1),
+    (8, 256, 128, 5, 2, "small", 2), (16, 512, 256, 77, 4, "large", 2), (32, 1024, 384, 300, 8, "small", 2),
+    (32, 1024, 384, 300, 8, "large", 2), (4, 768, 640, 130, 3, "small", 2), (4, 2304, 640, 130, 3, "small", 2),
+    (4, 768, 256, 600, 3, "small", 2),
 ]
 
 
-@pytest.mark.parametrize("e,h,i,t,k,family,cvt,corr", CASES)
-def test_w4a8_matches_reference(e, h, i, t, k, family, cvt, corr, monkeypatch):
+@pytest.mark.parametrize("e,h,i,t,k,family,cvt", CASES)
+def test_w4a8_matches_reference(e, h, i, t, k, family, cvt, monkeypatch):
     gen = torch.Generator(device=DEV).manual_seed(e * 131 + t + cvt)
     pp = _moe(e, h, i, gen)
     x = (torch.randn(t, h, generator=gen, device=DEV) * 3).to(torch.bfloat16)
@@ -56,13 +55,9 @@ def test_w4a8_matches_reference(e, h, i, t, k, family, cvt, corr, monkeypatch):
     ids[0, 0] = -1                                        # another EP rank's expert
     tw = torch.rand(t, k, generator=gen, device=DEV)
     if family == "large":   # BLOCK_M 128 on two warpgroups
-        cfg = (w4a8.W4A8Config(128, 64, 8, 4, cvt, corr), w4a8.W4A8Config(128, 128, 8, 3, cvt, corr))
-    elif family == "gluon":
-        cfg = (w4a8.W4A8Config(64, 64, 4, 3, 2, gluon=True), w4a8.W4A8Config(64, 128, 4, 4, 2, gluon=True))
-    elif family == "gluon128":  # two warpgroups
-        cfg = (w4a8.W4A8Config(128, 64, 8, 3, 2, gluon=True), w4a8.W4A8Config(128, 128, 8, 3, 2, gluon=True))
+        cfg = (w4a8.W4A8Config(128, 64, 8, 4, cvt), w4a8.W4A8Config(128, 128, 8, 3, cvt))
     else:
-        cfg = tuple(w4a8.W4A8Config(c.block_m, c.block_n, c.num_warps, c.num_stages, cvt, corr)
+        cfg = tuple(w4a8.W4A8Config(c.block_m, c.block_n, c.num_warps, c.num_stages, cvt, c.maxnreg)
                     for c in w4a8.configs(t * k, e))
     _poison(monkeypatch)
     got = w4a8.fused_moe_w4a8(x, pp, tw, ids, config=cfg, routed_scaling_factor=2.5)
