@@ -17,7 +17,7 @@ if [ -n "$LANES" ]; then
   (python3 -c "from kq.kernels.cuda_lanes import build; build(); print('built')" > "$OUT/lanes_build.log" 2>&1 &)
 fi
 if [ -n "$TESTS" ]; then
-  timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -m gpu ${TESTS_ARGS:-tests/test_w4a8_gpu.py} \
+  timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -m gpu ${TESTS_ARGS:-tests/gpu/test_w4a8_gpu.py} \
     > "$OUT/pytest_w4a8.log" 2>&1
   tail -1 "$OUT/pytest_w4a8.log"; grep -E "FAILED|Error" "$OUT/pytest_w4a8.log" | head -5
   echo "tests done after $(( $(date +%s) - T0 )) s"
