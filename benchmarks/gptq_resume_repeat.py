@@ -35,6 +35,7 @@ acts-0001. Input alignment: layer 0's forward on its inputs copied to 256 differ
 for all 300 kills. Since e01a424 the layer-wise pass runs as its own step before any shard job; until then it ran
 inside the first shard job, while that job's reader threads were already dequantizing their prefetched experts
 (torch CPU work in a second thread, timing-dependent). That is the likely cause, not a proven one.
+Again at kq 410f147, with the layer files written by a background thread (cf9281a): one acts-0001 for 300 kills.
 """
 from __future__ import annotations
 
