@@ -18,7 +18,7 @@ The int4 -> e4m3 conversion (CVT):
   1: inline PTX, four codes at a time by byte permutes: prmt with a table of e4m3(-8..-1) for codes 0..7
      (its sign-replicate mode gives 0xFF for codes 8..15), prmt with a table of e4m3(0..7) on the codes
      xor 8 (0x00 for codes 0..7), a prmt mask of the codes' top bits and one lop3 to pick;
-  2: no conversion at all: the byte 0x0c (a code c = q + 8 in a byte's low nibble) read as e4m3 is c * 2^-9
+  2: no conversion at all: a byte holding a code c = q + 8 in its low nibble, read as e4m3, is c * 2^-9
      exactly (bytes 0..7 are the subnormals m * 2^-9, bytes 8..15 the exponent-1 numbers (8 + m) * 2^-9),
      so `w & 0x0F0F0F0F` and `(w >> 4) & 0x0F0F0F0F` are eight e4m3 weights c * 2^-9 in three
      instructions. The tensor cores then sum a * c; with the activations' block sums
