@@ -153,3 +153,14 @@ def test_refuses_other_layouts():
         w4a8.fused_moe_w4a8(torch.zeros(1, 256, dtype=torch.bfloat16), bad, torch.ones(1, 1),
                             torch.zeros(1, 1, dtype=torch.int32))
     assert not w4a8.serves(pp, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("quantised_for,cfg_cvt", [(1, 2), (2, 1), (2, 0)])
+def test_a_stage_refuses_activations_quantised_for_another_conversion(quantised_for, cfg_cvt):
+    """cvt 2 reads the activations in its own order with their block sums: activations quantised for
+    cvt 0/1 must not reach it, nor cvt 2's reach the others (checked before any launch)."""
+    pp = _moe(2, 256, 128, 5)
+    xq = w4a8.quantize_rows(torch.randn(3, 256).to(torch.bfloat16), quantised_for)
+    routing = tuple(torch.zeros(1, dtype=torch.int32) for _ in range(4))
+    with pytest.raises(ValueError, match=f"another conversion than cvt {cfg_cvt}"):
+        w4a8.gate_up(xq, pp, w4a8.block_scales(pp)[0], routing, 1, w4a8.W4A8Config(64, 64, 4, 4, cfg_cvt))
