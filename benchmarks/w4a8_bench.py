@@ -158,6 +158,12 @@ def cublas_fp8_tflops():
     return 2 * n ** 3 / us / 1e6
 
 
+# the register-operand kernel (cvt 3) in the --check: one and two warpgroups, one and two wgmma in flight
+RS_CHECK = [(w4a8.W4A8Config(64, 32, 4, 4, 3), w4a8.W4A8Config(64, 64, 4, 4, 3)),
+            (w4a8.W4A8Config(64, 32, 4, 4, 3, None, 2), w4a8.W4A8Config(64, 64, 4, 4, 3, None, 2)),
+            (w4a8.W4A8Config(64, 64, 8, 3, 3, None, 2), w4a8.W4A8Config(128, 128, 8, 3, 3))]
+
+
 def check(gen):
     """kq_w4a8 against the float64 reference on a GLM-5.2-shaped layer (fewer experts)."""
     e, h, i, t, k = 32, 6144, 2048, 300, 8
@@ -175,6 +181,11 @@ def check(gen):
             err = ((out - ref).norm() / ref.norm()).item()
             log({"check": "kq_w4a8_vs_reference", "cvt": cvt, "cfg": str(cfgs), "rel_err": err,
                  "finite": bool(torch.isfinite(out).all())})
+    for cfgs in RS_CHECK:
+        out = w4a8.fused_moe_w4a8(x, pp, tw, ti, config=cfgs).double()
+        err = ((out - ref).norm() / ref.norm()).item()
+        log({"check": "kq_w4a8_vs_reference", "cvt": 3, "cfg": str(cfgs), "rel_err": err,
+             "finite": bool(torch.isfinite(out).all())})
     xq, xs, _ = w4a8.quantize_rows(x)
     cq, cs, _ = w4a8.quantize_rows(x.cpu())
     log({"check": "quant_rows_vs_cpu", "codes_differing": int((xq.cpu().view(torch.uint8) != cq.view(torch.uint8)).sum()),
@@ -243,10 +254,10 @@ def sweep_stages(base, pp, sc, x, tis, k, flops):
     p = tis[0].numel()
     act = torch.randn(p, pp.intermediate, device=DEV, dtype=torch.bfloat16)
     C = w4a8.W4A8Config
-    up = [C(64, 64, 4, 4, 2, 168), C(64, 64, 4, 4, 1), C(64, 64, 4, 4, 2), C(64, 64, 4, 3, 2, 168),
-          C(64, 32, 4, 4, 2), C(128, 64, 8, 4, 2)]
-    dn = [C(64, 128, 4, 3, 2, 168), C(64, 128, 4, 3, 1), C(64, 128, 4, 3, 2), C(64, 128, 4, 4, 2, 168),
-          C(64, 64, 4, 4, 2), C(128, 128, 8, 3, 2)]
+    up = [C(64, 64, 4, 4, 2, 168), C(64, 32, 4, 4, 3), C(64, 32, 4, 3, 3), C(64, 32, 4, 4, 3, None, 2),
+          C(64, 32, 4, 3, 3, None, 2), C(64, 64, 8, 4, 3), C(64, 64, 8, 4, 3, None, 2), C(128, 32, 4, 3, 3)]
+    dn = [C(64, 128, 4, 3, 2, 168), C(64, 64, 4, 4, 3), C(64, 64, 4, 3, 3), C(64, 64, 4, 4, 3, None, 2),
+          C(64, 64, 4, 3, 3, None, 2), C(64, 128, 8, 4, 3), C(64, 128, 8, 4, 3, None, 2), C(128, 64, 4, 3, 3)]
     best = {}
     for stage, grid in (("gate_up", up), ("down", dn)):
         for cfg in grid:
@@ -266,7 +277,7 @@ def sweep_stages(base, pp, sc, x, tis, k, flops):
                 log({**base, "sweep": stage, "cfg": str(cfg), "error": repr(ex)[:200]})
                 continue
             log({**base, "sweep": stage, "cfg": [cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.cvt,
-                                                 cfg.maxnreg],
+                                                 cfg.maxnreg, cfg.depth],
                  "us": round(us, 1),
                  "tflops": round(fl / us / 1e6, 1)})
             if stage not in best or us < best[stage][0]:

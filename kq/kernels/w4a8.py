@@ -27,8 +27,11 @@ class W4A8Config:
     block_n: int
     num_warps: int = 8
     num_stages: int = 3
-    cvt: int = 1            # w4a8_kernel's int4 -> e4m3 conversion (0 plain ops, 1 byte permutes, 2 offset bytes)
+    cvt: int = 1            # w4a8_kernel's int4 -> e4m3 conversion (0 plain ops, 1 byte permutes, 2 offset bytes);
+                            # 3: w4a8_rs.py, the weights as wgmma's register operand (offset bytes; block_m
+                            # routed rows, block_n output columns: 32 (gate+up) or 64 (down) per warpgroup)
     maxnreg: int | None = None  # register cap per thread (168: three programs a multiprocessor)
+    depth: int = 1          # cvt 3: wgmma in flight per warpgroup (2: the rescale of block kb - 1 overlaps block kb)
 
 
 def serves(pp: PrepackedMoE, device: torch.device) -> bool:
@@ -69,12 +72,15 @@ def _check(pp: PrepackedMoE) -> None:
 def lane_order(k: int, cvt: int = 1) -> torch.Tensor:
     """[Kp] long: input index held at each position of the kernel's activation order for conversion `cvt`
     (the lane layout's storage order inside every 128-input block; for cvt 2 each word's nibbles in the
-    order 0, 2, 4, 6, 1, 3, 5, 7); positions past k (padding) hold -1."""
+    order 0, 2, 4, 6, 1, 3, 5, 7; for cvt 3 wgmma's register fragment order, w4a8_rs.py); positions past
+    k (padding) hold -1."""
     from .lane_layout import _index
     kp = -(-k // PACK_K) * PACK_K
     block = _index()                                   # [t, wd, J]
     if cvt == 2:
         block = block[..., [0, 2, 4, 6, 1, 3, 5, 7]]
+    elif cvt == 3:                                     # position 32s + 16h + 4t + i: nibble 2i + h of word (t, s)
+        block = block.permute(1, 0, 2).reshape(4, 4, 4, 2).permute(0, 3, 1, 2)
     idx = (torch.arange(0, kp, PACK_K)[:, None] + block.reshape(1, -1)).reshape(-1)
     return torch.where(idx < k, idx, torch.full_like(idx, -1))
 
@@ -88,11 +94,11 @@ def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 def quantize_rows(x: torch.Tensor, cvt: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """x [rows, K] -> (q e4m3 [rows, Kp] in the kernel's activation order for conversion `cvt`, scale f32
-    [rows], and for cvt 2 the block sums of q / 64 f32 [rows, Kp/128], else None); CUDA: one Triton
+    [rows], and for cvt 2 and 3 the block sums of q / 64 f32 [rows, Kp/128], else None); CUDA: one Triton
     kernel, else torch (the same values)."""
     rows, k = x.shape
     kp = -(-k // PACK_K) * PACK_K
-    r = torch.empty(rows, kp // PACK_K, dtype=torch.float32, device=x.device) if cvt == 2 else None
+    r = torch.empty(rows, kp // PACK_K, dtype=torch.float32, device=x.device) if cvt >= 2 else None
     if x.is_cuda:
         import triton
 
@@ -102,7 +108,7 @@ def quantize_rows(x: torch.Tensor, cvt: int = 1) -> tuple[torch.Tensor, torch.Te
         if rows:
             rr = r if r is not None else s
             quant_rows_kernel[(rows,)](x, x.stride(0), q, q.stride(0), s, rr, rr.stride(0), k, KP=kp,
-                                       BLOCK=triton.next_power_of_2(kp), ORDER=2 if cvt == 2 else 1,
+                                       BLOCK=triton.next_power_of_2(kp), ORDER=max(cvt, 1),
                                        num_warps=8)
         return q, s, r
     qn, s = quantize_rows_reference(x)
@@ -154,10 +160,22 @@ def _launch(aq, q, s, out, routing, n, a_row_div, gated, up_offset, cfg: W4A8Con
 
     from .w4a8_kernel import w4a8_moe_kernel
     a, a_s, r = aq
-    if (r is not None) != (cfg.cvt == 2):
+    if (r is not None) != (cfg.cvt >= 2):
         raise ValueError(f"w4a8: activations quantised for another conversion than cvt {cfg.cvt}")
     r = r if r is not None else a_s.view(-1, 1)
     kb = q.shape[2]
+    if cfg.cvt == 3:
+        wg = cfg.num_warps // 4
+        if cfg.num_warps not in (4, 8) or cfg.block_n != (32 if gated else 64) * wg:
+            raise ValueError(f"w4a8: the register-operand kernel takes 4 or 8 warps and {32 if gated else 64} "
+                             f"output columns per warpgroup, got {cfg}")
+        from .w4a8_rs import w4a8_rs_kernel
+        w4a8_rs_kernel[(triton.cdiv(n, cfg.block_n), routing[1].numel())](
+            a, a.stride(0), a_s, r, r.stride(0), q, q.stride(0), s, s.stride(0), s.stride(1), out, out.stride(0),
+            *routing, n, kb, up_offset, A_ROW_DIV=a_row_div, GATED=gated, BLOCK_T=cfg.block_m, WG=wg,
+            STAGES=cfg.num_stages, DEPTH=cfg.depth, KB_MAX=triton.next_power_of_2(kb), num_warps=cfg.num_warps,
+            **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
+        return
     w4a8_moe_kernel[(triton.cdiv(n, cfg.block_n), routing[1].numel())](
         a, a.stride(0), a_s, r, r.stride(0), q, q.stride(0), s, s.stride(0), s.stride(1), out, out.stride(0),
         *routing, n, kb, up_offset, A_ROW_DIV=a_row_div, GATED=gated, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,

@@ -38,12 +38,18 @@ FP8_MAX = tl.constexpr(448.0)
 def _k_of(p, ORDER: tl.constexpr):
     """Input offset inside a 128-input block of position p (0..127): ORDER 1, the lane layout's storage
     order p = 32t + 8wd + J (lane_layout.lane_input); ORDER 2, the same words with each word's nibbles
-    in the order 0, 2, 4, 6, 1, 3, 5, 7 (CVT 2's bytes)."""
-    t = p // 32
-    wd = (p // 8) % 4
-    jj = p % 8
-    if ORDER == 2:
-        jj = 2 * (jj % 4) + jj // 4
+    in the order 0, 2, 4, 6, 1, 3, 5, 7 (CVT 2's bytes); ORDER 3, p = 32s + 16h + 4t + i holding nibble
+    2i + h of word (t, wd = s) (wgmma's register fragment, w4a8_rs.py)."""
+    if ORDER == 3:
+        t = (p // 4) % 4
+        wd = p // 32
+        jj = 2 * (p % 4) + (p // 16) % 2
+    else:
+        t = p // 32
+        wd = (p // 8) % 4
+        jj = p % 8
+        if ORDER == 2:
+            jj = 2 * (jj % 4) + jj // 4
     j = jj % 4
     i = jj // 4
     q = 4 * wd + j
@@ -66,7 +72,7 @@ def quant_rows_kernel(x_ptr, stride_xm, q_ptr, stride_qm, s_ptr, r_ptr, stride_r
     q = (x / scale).to(tl.float8e4nv)
     tl.store(q_ptr + row * stride_qm + p, q, mask=p < KP)
     tl.store(s_ptr + row, scale)
-    if ORDER == 2:
+    if ORDER >= 2:
         r = tl.sum(tl.reshape(q.to(tl.float32), (BLOCK // 128, 128)), axis=1) * (1.0 / 64.0)
         kb = tl.arange(0, BLOCK // 128)
         tl.store(r_ptr + row * stride_rm + kb, r, mask=kb < KP // 128)

@@ -43,7 +43,14 @@ CASES = [  # E, H, I, T, k, cfg family (small: the default tiles, large: BLOCK_M
     (8, 256, 128, 5, 2, "small", 2), (16, 512, 256, 77, 4, "large", 2), (32, 1024, 384, 300, 8, "small", 2),
     (32, 1024, 384, 300, 8, "large", 2), (4, 768, 640, 130, 3, "small", 2), (4, 2304, 640, 130, 3, "small", 2),
     (4, 768, 256, 600, 3, "small", 2),
+    # the register-operand kernel (w4a8_rs.py): one wgmma in flight, two, two warpgroups (K blocks 1-18,
+    # odd and even counts for the two-in-flight tail)
+    (8, 256, 128, 5, 2, "rs", 3), (16, 512, 256, 77, 4, "rs2", 3), (32, 1024, 384, 300, 8, "rs", 3),
+    (32, 1024, 384, 300, 8, "rs2", 3), (4, 768, 640, 130, 3, "rs2", 3), (4, 2304, 640, 130, 3, "rswg2", 3),
+    (4, 768, 256, 600, 3, "rs", 3), (16, 512, 256, 77, 4, "rswg2", 3),
 ]
+RS = {"rs": ((64, 32, 4, 4), (64, 64, 4, 4), 1), "rs2": ((64, 32, 4, 4), (64, 64, 4, 3), 2),
+      "rswg2": ((64, 64, 8, 3), (128, 128, 8, 3), 2)}
 
 
 @pytest.mark.parametrize("e,h,i,t,k,family,cvt", CASES)
@@ -54,7 +61,10 @@ def test_w4a8_matches_reference(e, h, i, t, k, family, cvt, monkeypatch):
     ids = torch.stack([torch.randperm(e, generator=gen, device=DEV)[:k] for _ in range(t)]).to(torch.int32)
     ids[0, 0] = -1                                        # another EP rank's expert
     tw = torch.rand(t, k, generator=gen, device=DEV)
-    if family == "large":   # BLOCK_M 128 on two warpgroups
+    if family in RS:
+        up, dn, depth = RS[family]
+        cfg = (w4a8.W4A8Config(*up, 3, None, depth), w4a8.W4A8Config(*dn, 3, None, depth))
+    elif family == "large":   # BLOCK_M 128 on two warpgroups
         cfg = (w4a8.W4A8Config(128, 64, 8, 4, cvt), w4a8.W4A8Config(128, 128, 8, 3, cvt))
     else:
         cfg = tuple(w4a8.W4A8Config(c.block_m, c.block_n, c.num_warps, c.num_stages, cvt, c.maxnreg)
@@ -81,7 +91,7 @@ def test_w4a8_expert_map():
     assert ((got.double() - ref.double()).norm() / ref.double().norm()).item() < 1e-2
 
 
-@pytest.mark.parametrize("cvt", [1, 2])
+@pytest.mark.parametrize("cvt", [1, 2, 3])
 def test_quantize_rows_matches_cpu(cvt):
     gen = torch.Generator(device=DEV).manual_seed(5)
     x = (torch.randn(33, 640, generator=gen, device=DEV) * 10).to(torch.bfloat16)
@@ -92,7 +102,7 @@ def test_quantize_rows_matches_cpu(cvt):
     differ = (q.cpu().view(torch.uint8) != cq.view(torch.uint8)).float().mean().item()
     assert differ < 1e-3
     assert (q.cpu().view(torch.uint8)[:, 640:] == 0).all()
-    if cvt == 2:        # block sums of the codes the kernel wrote, / 64
+    if cvt >= 2:        # block sums of the codes the kernel wrote, / 64
         want = q.float().view(33, -1, 128).double().sum(-1) / 64
         assert r.shape == (33, 5) and torch.allclose(r.double(), want, rtol=1e-6, atol=1e-6)
     else:

@@ -22,6 +22,22 @@ def _moe(e, h, i, seed):
     return prepack_moe(p13, s13, p2, s2, 128, lane=True)
 
 
+def test_lane_order_for_the_register_operand_kernel():
+    """cvt 3 (w4a8_rs.py): position 32s + 16h + 4t + i of a block holds the input of nibble 2i + h of
+    word (t, wd = s), what wgmma's register fragment gets from `w & 0x0F0F0F0F` (h 0) and
+    `(w >> 4) & 0x0F0F0F0F` (h 1)."""
+    order = w4a8.lane_order(384, 3)
+    for kb in range(3):
+        for s in range(4):
+            for h in range(2):
+                for t in range(4):
+                    for i in range(4):
+                        nib = 2 * i + h
+                        assert order[128 * kb + 32 * s + 16 * h + 4 * t + i] == lane_input(kb, t, s, nib % 4, nib // 4)
+    assert sorted(order.tolist()) == list(range(384))
+    assert sorted(v for v in w4a8.lane_order(200, 3).tolist() if v >= 0) == list(range(200))
+
+
 @pytest.mark.parametrize("cvt", [1, 2])
 def test_lane_order_is_the_lane_layouts_storage_order(cvt):
     order = w4a8.lane_order(384, cvt)
@@ -107,7 +123,38 @@ def test_kernel_block_maths_on_the_lane_layout_equals_a_matmul(cvt):
     assert torch.allclose(got, want, rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("order", [1, 2])
+def test_register_operand_kernel_block_maths_equals_a_matmul():
+    """What w4a8_rs_kernel does, thread by thread: lane (g, t) of warp w in k32 step s loads word (t, s)
+    of its column's block (pointer + 4t + s), and its fragment registers are `w & 0x0F0F0F0F` (inputs
+    32s + 4t + i) and `(w >> 4) & 0x0F0F0F0F` (32s + 16 + 4t + i), bytes read as e4m3 c * 2^-9; the
+    product with the activations in cvt 3's order, less the block sums, times 512 and the scales, equals
+    the dequantised weights times the dequantised FP8 activations."""
+    pp = _moe(2, 384, 256, 3)
+    x = torch.randn(5, 384, dtype=torch.bfloat16)
+    q, s, r = w4a8.quantize_rows(x, 3)
+    words = (pp.w13_q[1].to(torch.int64) & 0xFFFFFFFF).numpy().astype(np.uint32)     # [N/8, KB, 8, 4, 4]
+    nt, kb = words.shape[:2]
+    frag = np.zeros((nt * 8, kb, 128), dtype=np.uint8)
+    for n in range(nt * 8):
+        col = words[n // 8, :, n % 8].reshape(kb, 16)                                 # word 4t + wd
+        for step in range(4):
+            for t in range(4):
+                w = col[:, 4 * t + step]
+                for h, reg in enumerate((w & 0x0F0F0F0F, (w >> 4) & 0x0F0F0F0F)):
+                    for i in range(4):
+                        frag[n, :, 32 * step + 16 * h + 4 * t + i] = (reg >> (8 * i)) & 0xFF
+    codes = torch.from_numpy(frag).view(torch.float8_e4m3fn).double()                 # c * 2^-9
+    scales = w4a8.block_scales(pp)[0][1].double()                                      # [KB, N]
+    a = q.double().view(5, kb, 128)
+    acc = sum((torch.einsum("mp,np->mn", a[:, b], codes[:, b]) - r[:, b, None].double()) * 512 * scales[b][None, :]
+              for b in range(kb))
+    got = acc * s.double()[:, None]
+    qn, sn = w4a8.quantize_rows_reference(x)
+    w = dequantize_lane(pp.w13_q[1:2], pp.w13_s[1:2], 384, 128, torch.float64)[0]
+    assert torch.allclose(got, (qn.double() * sn.double()[:, None]) @ w.T, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("order", [1, 2, 3])
 def test_quant_rows_kernel_through_the_interpreter(order, monkeypatch):
     pytest.importorskip("triton")
     if torch.cuda.is_available():
@@ -127,7 +174,7 @@ def test_quant_rows_kernel_through_the_interpreter(order, monkeypatch):
     same = (q.view(torch.uint8) == cq.view(torch.uint8)).float().mean()
     assert same > 0.9
     assert (q.float().abs().amax(-1) == 448).all()
-    if order == 2:      # the block sums of what the kernel wrote, / 64
+    if order >= 2:      # the block sums of what the kernel wrote, / 64
         assert torch.allclose(r, q.float().view(3, 2, 128).sum(-1) / 64, rtol=1e-6, atol=1e-6)
     else:
         assert r.isnan().all()
@@ -155,7 +202,7 @@ def test_refuses_other_layouts():
     assert not w4a8.serves(pp, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("quantised_for,cfg_cvt", [(1, 2), (2, 1), (2, 0)])
+@pytest.mark.parametrize("quantised_for,cfg_cvt", [(1, 2), (2, 1), (2, 0), (1, 3)])
 def test_a_stage_refuses_activations_quantised_for_another_conversion(quantised_for, cfg_cvt):
     """cvt 2 reads the activations in its own order with their block sums: activations quantised for
     cvt 0/1 must not reach it, nor cvt 2's reach the others (checked before any launch)."""

@@ -1,0 +1,208 @@
+"""The W4A8 MoE GEMM with the weights as wgmma's register operand (Gluon): out^T = W a^T.
+
+Why. In w4a8_kernel.py the converted weights are the dot's second operand, which wgmma reads from
+shared memory only: every K block the int4 words go global -> shared -> registers -> (converted)
+shared -> tensor cores, and the small 64 x 64 tiles of an expert's rows read the activations from
+shared memory twice. Swapping the roles makes the weights the first operand, which wgmma takes from
+registers: the words go from global memory straight into the registers of wgmma's A fragment (two
+masks per word, CVT 2's offset bytes), and only the activations (the routed tokens, now the MMA's N)
+pass through shared memory, in a cp.async ring.
+
+The lane layout already fits the fragment. For one 64-row warpgroup tile and one k32 step, thread
+(g, t) of warp w holds rows 16w + g and 16w + g + 8, inputs 4t..4t+3 and 16 + 4t..16 + 4t + 3, four
+bytes a register. In the lane layout the 16 words of one column and 128-input block are contiguous
+(word 4t + wd), so step s takes word (t, s) of the thread's column: its low nibbles (the bytes of
+`w & 0x0F0F0F0F`) are the first register, its high nibbles the second. The activations are written in
+the matching order (w4a8_kernel._k_of ORDER 3): position p = 32s + 16h + 4t + i holds the input of
+nibble 2i + h of word (t, s).
+
+Rows of a tile: for gate+up (GATED), rows 16w..16w+7 are 8 gate columns and rows 16w+8..16w+15 the
+same 8 up columns, so each thread holds a gate value and its up value and SiLU*mul needs no exchange;
+for down, the tile's 64 rows are 64 consecutive columns. Maths per K block kb (CVT 2):
+    acc[n, m] += (dot(c[n, kb] * 2^-9, a[m, kb]) - r[m, kb]) * scale[n, kb]
+and the activation's row scale times 512 at the end, as in w4a8_kernel.
+DEPTH 2 keeps two wgmma in flight: block kb's is issued before block kb - 1's partial sums are waited
+for and rescaled, so the fp32 rescale overlaps the tensor cores.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
+
+
+@gluon.jit
+def _fragment(w, dl: gl.constexpr):
+    """[ROWS, 4 (t), 4 (s)] int32 words (the word layout) -> wgmma's A operand [ROWS, 128] e4m3 in `dl`
+    (k = 32s + 16h + 4t + i), with no data movement: the joins and the reshape only rename registers."""
+    lo = w & 0x0F0F0F0F
+    hi = (w >> 4) & 0x0F0F0F0F
+    y = gl.permute(gl.join(lo, hi), (0, 2, 3, 1))               # [R, s, h, t]
+    y = gl.join(y, y)
+    y = gl.join(y, y)                                          # the same word four times: bytes i = 0..3
+    y = gl.reshape(y, [w.shape[0], 128])
+    # four copies of one word in, that word out as four e4m3 bytes (no instruction after register allocation)
+    f = gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r,r,r", [y], dtype=gl.float8e4nv, is_pure=True, pack=4)
+    return gl.convert_layout(f, dl, assert_trivial=True)
+
+
+@gluon.jit
+def _issue(kb, w, w_ptrs, a_ptrs, b_smem, zero, KB, dl: gl.constexpr, LOOK: gl.constexpr, STAGES: gl.constexpr):
+    """Block kb's wgmma, issued async on the words w; refills the ring slot freed by the last waited
+    block and loads block kb + 1's words. Returns (token, next words)."""
+    async_copy.wait_group(LOOK - 1)
+    gl.thread_barrier()         # every thread's copies of block kb landed; the slot refilled is free everywhere
+    async_copy.async_copy_global_to_shared(b_smem.index((kb + LOOK) % STAGES),
+                                           a_ptrs + gl.minimum(kb + LOOK, KB - 1) * 128)
+    async_copy.commit_group()
+    tok = warpgroup_mma(_fragment(w, dl), b_smem.index(kb % STAGES).permute((1, 0)), zero, use_acc=False,
+                        is_async=True)
+    return tok, gl.load(w_ptrs + gl.minimum(kb + 1, KB - 1) * 128)
+
+
+@gluon.jit
+def _rescale(acc, part, kb, s_ptrs, stride_sk, r_smem, tok_l: gl.constexpr):
+    """acc + (part - r[kb]) * scale[kb]: block kb's offset taken off, its group scale applied."""
+    sc = gl.load(s_ptrs + kb * stride_sk).to(gl.float32)
+    rr = r_smem.index(kb).load(tok_l)
+    return acc + (part - rr[None, :]) * sc[:, None]
+
+
+@gluon.jit
+def w4a8_rs_kernel(
+    a_ptr, stride_am, as_ptr,               # activations [rows, KB*128] e4m3 (ORDER 3), row scales [rows] f32
+    r_ptr, stride_rm,                       # the activations' block sums / 64 [rows, KB] f32
+    q_ptr, stride_qe,                       # lane words [E, N_all/8, KB, 8, 4, 4] int32
+    s_ptr, stride_se, stride_sk,            # scales [E, KB, N_all] bf16
+    out_ptr, stride_om,                     # out [pairs, N] bf16
+    pairs_ptr, blk_expert_ptr, blk_start_ptr, blk_count_ptr,
+    N, KB, up_offset,
+    A_ROW_DIV: gl.constexpr, GATED: gl.constexpr,
+    BLOCK_T: gl.constexpr,                  # routed rows per program (wgmma N; the routing's block)
+    WG: gl.constexpr,                       # warpgroups: 64 weight rows each
+    STAGES: gl.constexpr, DEPTH: gl.constexpr,
+    KB_MAX: gl.constexpr,                   # KB rounded up to a power of two (the block sums' buffer)
+):
+    ROWS: gl.constexpr = 64 * WG
+    NW: gl.constexpr = 4 * WG
+    COLS: gl.constexpr = ROWS // 2 if GATED else ROWS          # output columns per program
+    LOOK: gl.constexpr = STAGES - DEPTH                        # activation blocks in flight ahead
+    gl.static_assert(LOOK >= 1, "STAGES must exceed DEPTH")
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_T, 32])
+    dl: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+    # words [ROWS, 4 (t), 4 (s)]: thread (g, t) of warp w holds rows 16w + g, 16w + g + 8, its four words
+    # (t, 0..3) of each (16 contiguous bytes)
+    if WG == 1:
+        wl: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]],
+            lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+            warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[ROWS, 4, 4])
+    else:
+        wl: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]],
+            lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+            warp_bases=[[16, 0, 0], [32, 0, 0], [64, 0, 0]], block_bases=[], shape=[ROWS, 4, 4])
+    al: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [NW, 1], [1, 0])           # [BLOCK_T, 128] e4m3 copies
+    b_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    row_l: gl.constexpr = gl.SliceLayout(1, mma)
+    tok_l: gl.constexpr = gl.SliceLayout(0, mma)
+
+    pid_n = gl.program_id(0)
+    pid_m = gl.program_id(1)
+    e = gl.load(blk_expert_ptr + pid_m)
+    if e < 0:
+        return
+    start = gl.load(blk_start_ptr + pid_m)
+    cnt = gl.load(blk_count_ptr + pid_m)
+    e64 = e.to(gl.int64)
+
+    # the routed rows: gathered into the shared ring, and in the accumulator's column layout
+    t_a = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, al))
+    pair_a = gl.load(pairs_ptr + start + t_a, mask=t_a < cnt, other=0)
+    a_ptrs = (a_ptr + (pair_a // A_ROW_DIV).to(gl.int64)[:, None] * stride_am
+              + gl.arange(0, 128, layout=gl.SliceLayout(0, al))[None, :])
+    t_c = gl.arange(0, BLOCK_T, layout=tok_l)
+    tok_mask = t_c < cnt
+    pair = gl.load(pairs_ptr + start + t_c, mask=tok_mask, other=0)
+    arow = pair // A_ROW_DIV
+
+    # a tile row's weight column (module doc), in the word layout and in the accumulator's row layout
+    rw = gl.arange(0, ROWS, layout=gl.SliceLayout(1, gl.SliceLayout(2, wl)))
+    rs = gl.arange(0, ROWS, layout=row_l)
+    if GATED:
+        out_w = pid_n * COLS + (rw // 16) * 8 + rw % 8
+        col_w = gl.where(out_w < N, out_w, 0) + ((rw // 8) % 2) * up_offset
+        out_s = pid_n * COLS + (rs // 16) * 8 + rs % 8
+        col_s = gl.where(out_s < N, out_s, 0) + ((rs // 8) % 2) * up_offset
+    else:
+        out_w = pid_n * COLS + rw
+        col_w = gl.where(out_w < N, out_w, 0)
+        out_s = pid_n * COLS + rs
+        col_s = gl.where(out_s < N, out_s, 0)
+    tile_words = KB * 128
+    t_w = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, wl)))
+    s_w = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, wl)))
+    w_ptrs = (q_ptr + e64 * stride_qe + ((col_w // 8) * tile_words + (col_w % 8) * 16)[:, None, None]
+              + (4 * t_w)[None, :, None] + s_w[None, None, :])
+    s_ptrs = s_ptr + e64 * stride_se + col_s
+
+    b_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_T, 128], b_sl)
+    for i in gl.static_range(LOOK):
+        async_copy.async_copy_global_to_shared(b_smem.index(i), a_ptrs + gl.minimum(i, KB - 1) * 128)
+        async_copy.commit_group()
+
+    # the block sums of the tile's rows, all K blocks, transposed into shared memory once: each step
+    # reads its row of them (LDS) instead of BLOCK_T / 4 gathered global loads a thread
+    rl: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [NW, 1], [1, 0])
+    r_all = gl.allocate_shared_memory(gl.float32, [KB_MAX, BLOCK_T], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    kb_r = gl.arange(0, KB_MAX, layout=gl.SliceLayout(1, rl))
+    t_r = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, rl))
+    pair_r = gl.load(pairs_ptr + start + t_r, mask=t_r < cnt, other=0)
+    r_all.store(gl.load(r_ptr + (pair_r // A_ROW_DIV).to(gl.int64)[None, :] * stride_rm + kb_r[:, None],
+                        mask=(kb_r < KB)[:, None], other=0.0))
+    r_smem = r_all._reinterpret(gl.float32, [KB_MAX, BLOCK_T], gl.SwizzledSharedLayout(1, 1, 1, [0]))  # rows
+
+    zero = gl.zeros([ROWS, BLOCK_T], gl.float32, mma)
+    acc = zero
+    w = gl.load(w_ptrs)
+    if DEPTH == 1:
+        for kb in range(0, KB):
+            tok, w = _issue(kb, w, w_ptrs, a_ptrs, b_smem, zero, KB, dl, LOOK, STAGES)
+            sc = gl.load(s_ptrs + kb * stride_sk).to(gl.float32)
+            rr = r_smem.index(kb).load(tok_l)
+            part = warpgroup_mma_wait(0, deps=(tok,))
+            acc += (part - rr[None, :]) * sc[:, None]
+    else:
+        # unrolled by two so the two blocks in flight keep fixed accumulator registers (a rotating
+        # loop-carried accumulator makes ptxas serialise the wgmma): each step issues block kb and
+        # then rescales block kb - 1 while kb runs
+        tok_a, w = _issue(0, w, w_ptrs, a_ptrs, b_smem, zero, KB, dl, LOOK, STAGES)
+        for kb in range(1, KB - 1, 2):
+            tok_b, w = _issue(kb, w, w_ptrs, a_ptrs, b_smem, zero, KB, dl, LOOK, STAGES)
+            acc = _rescale(acc, warpgroup_mma_wait(1, deps=(tok_a,)), kb - 1, s_ptrs, stride_sk, r_smem, tok_l)
+            tok_a, w = _issue(kb + 1, w, w_ptrs, a_ptrs, b_smem, zero, KB, dl, LOOK, STAGES)
+            acc = _rescale(acc, warpgroup_mma_wait(1, deps=(tok_b,)), kb, s_ptrs, stride_sk, r_smem, tok_l)
+        if KB % 2 == 0:
+            tok_b, w = _issue(KB - 1, w, w_ptrs, a_ptrs, b_smem, zero, KB, dl, LOOK, STAGES)
+            acc = _rescale(acc, warpgroup_mma_wait(1, deps=(tok_a,)), KB - 2, s_ptrs, stride_sk, r_smem, tok_l)
+            acc = _rescale(acc, warpgroup_mma_wait(0, deps=(tok_b,)), KB - 1, s_ptrs, stride_sk, r_smem, tok_l)
+        else:
+            acc = _rescale(acc, warpgroup_mma_wait(0, deps=(tok_a,)), KB - 1, s_ptrs, stride_sk, r_smem, tok_l)
+    async_copy.wait_group(0)
+
+    a_s = gl.load(as_ptr + arow) * 512.0           # the codes were c * 2^-9
+    acc = acc * a_s[None, :]
+    sl: gl.constexpr = gl.BlockedLayout([4, 1], [8, 4], [1, NW], [0, 1])             # [COLS, BLOCK_T] stores
+    if GATED:
+        # rows 16w + g (gate) and 16w + 8 + g (up) of warp w: split the row bit of 8
+        y = gl.permute(gl.reshape(acc, [NW, 2, 8, BLOCK_T]), (0, 2, 3, 1))
+        g, u = gl.split(y)
+        g = gl.reshape(g, [COLS, BLOCK_T])
+        u = gl.reshape(u, [COLS, BLOCK_T])
+        res = gl.convert_layout(g / (1.0 + gl.exp(-g)) * u, sl)
+    else:
+        res = gl.convert_layout(acc, sl)
+    c_o = pid_n * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(1, sl))
+    t_o = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, sl))
+    pair_o = gl.load(pairs_ptr + start + t_o, mask=t_o < cnt, other=0)
+    o_ptrs = out_ptr + pair_o.to(gl.int64)[None, :] * stride_om + c_o[:, None]
+    gl.store(o_ptrs, res.to(out_ptr.dtype.element_ty), mask=(c_o < N)[:, None] & (t_o < cnt)[None, :])
