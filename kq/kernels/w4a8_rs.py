@@ -46,17 +46,30 @@ def _fragment(w, dl: gl.constexpr):
 
 
 @gluon.jit
-def _issue(kb, w, w_ptrs, a_ptrs, b_smem, zero, KB, dl: gl.constexpr, LOOK: gl.constexpr, STAGES: gl.constexpr):
-    """Block kb's wgmma, issued async on the words w; refills the ring slot freed by the last waited
-    block and loads block kb + 1's words. Returns (token, next words)."""
+def _issue(kb, w, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl: gl.constexpr, wl: gl.constexpr,
+           LOOK: gl.constexpr, STAGES: gl.constexpr, WSMEM: gl.constexpr):
+    """Block kb's wgmma, issued async; refills the ring slot freed by the last waited block (with block
+    kb + LOOK). WSMEM 1: the words come through the ring with the activations; 0: w holds block kb's
+    words (loaded straight into registers one block ahead) and block kb + 1's are loaded here.
+    Returns (token, the next block's words or w)."""
     async_copy.wait_group(LOOK - 1)
     gl.thread_barrier()         # every thread's copies of block kb landed; the slot refilled is free everywhere
-    async_copy.async_copy_global_to_shared(b_smem.index((kb + LOOK) % STAGES),
-                                           a_ptrs + gl.minimum(kb + LOOK, KB - 1) * 128)
+    ahead = gl.minimum(kb + LOOK, KB - 1)
+    async_copy.async_copy_global_to_shared(b_smem.index((kb + LOOK) % STAGES), a_ptrs + ahead * 128)
+    if WSMEM:
+        async_copy.async_copy_global_to_shared(w_smem.index((kb + LOOK) % STAGES), w_ptrs + ahead * 128)
     async_copy.commit_group()
-    tok = warpgroup_mma(_fragment(w, dl), b_smem.index(kb % STAGES).permute((1, 0)), zero, use_acc=False,
+    if WSMEM:
+        wv = w_smem.index(kb % STAGES).load(wl)
+    else:
+        wv = w
+    tok = warpgroup_mma(_fragment(wv, dl), b_smem.index(kb % STAGES).permute((1, 0)), zero, use_acc=False,
                         is_async=True)
-    return tok, gl.load(w_ptrs + gl.minimum(kb + 1, KB - 1) * 128)
+    if WSMEM:
+        nxt = w
+    else:
+        nxt = gl.load(w_ptrs + gl.minimum(kb + 1, KB - 1) * 128)
+    return tok, nxt
 
 
 @gluon.jit
@@ -81,6 +94,7 @@ def w4a8_rs_kernel(
     WG: gl.constexpr,                       # warpgroups: 64 weight rows each
     STAGES: gl.constexpr, DEPTH: gl.constexpr,
     KB_MAX: gl.constexpr,                   # KB rounded up to a power of two (the block sums' buffer)
+    WSMEM: gl.constexpr,                    # 1: the words through the shared ring too (cp.async, STAGES deep)
 ):
     ROWS: gl.constexpr = 64 * WG
     NW: gl.constexpr = 4 * WG
@@ -146,8 +160,14 @@ def w4a8_rs_kernel(
     s_ptrs = s_ptr + e64 * stride_se + col_s
 
     b_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_T, 128], b_sl)
+    if WSMEM:
+        w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, ROWS, 4, 4], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+    else:
+        w_smem = b_smem
     for i in gl.static_range(LOOK):
         async_copy.async_copy_global_to_shared(b_smem.index(i), a_ptrs + gl.minimum(i, KB - 1) * 128)
+        if WSMEM:
+            async_copy.async_copy_global_to_shared(w_smem.index(i), w_ptrs + gl.minimum(i, KB - 1) * 128)
         async_copy.commit_group()
 
     # the block sums of the tile's rows, all K blocks, transposed into shared memory once: each step
@@ -163,10 +183,13 @@ def w4a8_rs_kernel(
 
     zero = gl.zeros([ROWS, BLOCK_T], gl.float32, mma)
     acc = zero
-    w = gl.load(w_ptrs)
+    if WSMEM:
+        w = gl.zeros([ROWS, 4, 4], gl.int32, wl)       # unused: the words come through the ring
+    else:
+        w = gl.load(w_ptrs)
     if DEPTH == 1:
         for kb in range(0, KB):
-            tok, w = _issue(kb, w, w_ptrs, a_ptrs, b_smem, zero, KB, dl, LOOK, STAGES)
+            tok, w = _issue(kb, w, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl, wl, LOOK, STAGES, WSMEM)
             sc = gl.load(s_ptrs + kb * stride_sk).to(gl.float32)
             rr = r_smem.index(kb).load(tok_l)
             part = warpgroup_mma_wait(0, deps=(tok,))
@@ -175,14 +198,14 @@ def w4a8_rs_kernel(
         # unrolled by two so the two blocks in flight keep fixed accumulator registers (a rotating
         # loop-carried accumulator makes ptxas serialise the wgmma): each step issues block kb and
         # then rescales block kb - 1 while kb runs
-        tok_a, w = _issue(0, w, w_ptrs, a_ptrs, b_smem, zero, KB, dl, LOOK, STAGES)
+        tok_a, w = _issue(0, w, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl, wl, LOOK, STAGES, WSMEM)
         for kb in range(1, KB - 1, 2):
-            tok_b, w = _issue(kb, w, w_ptrs, a_ptrs, b_smem, zero, KB, dl, LOOK, STAGES)
+            tok_b, w = _issue(kb, w, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl, wl, LOOK, STAGES, WSMEM)
             acc = _rescale(acc, warpgroup_mma_wait(1, deps=(tok_a,)), kb - 1, s_ptrs, stride_sk, r_smem, tok_l)
-            tok_a, w = _issue(kb + 1, w, w_ptrs, a_ptrs, b_smem, zero, KB, dl, LOOK, STAGES)
+            tok_a, w = _issue(kb + 1, w, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl, wl, LOOK, STAGES, WSMEM)
             acc = _rescale(acc, warpgroup_mma_wait(1, deps=(tok_b,)), kb, s_ptrs, stride_sk, r_smem, tok_l)
         if KB % 2 == 0:
-            tok_b, w = _issue(KB - 1, w, w_ptrs, a_ptrs, b_smem, zero, KB, dl, LOOK, STAGES)
+            tok_b, w = _issue(KB - 1, w, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl, wl, LOOK, STAGES, WSMEM)
             acc = _rescale(acc, warpgroup_mma_wait(1, deps=(tok_a,)), KB - 2, s_ptrs, stride_sk, r_smem, tok_l)
             acc = _rescale(acc, warpgroup_mma_wait(0, deps=(tok_b,)), KB - 1, s_ptrs, stride_sk, r_smem, tok_l)
         else:
