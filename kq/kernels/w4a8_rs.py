@@ -46,12 +46,12 @@ def _fragment(w, dl: gl.constexpr):
 
 
 @gluon.jit
-def _issue(kb, w, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl: gl.constexpr, wl: gl.constexpr,
+def _issue(kb, w, w2, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl: gl.constexpr, wl: gl.constexpr,
            LOOK: gl.constexpr, STAGES: gl.constexpr, WSMEM: gl.constexpr):
     """Block kb's wgmma, issued async; refills the ring slot freed by the last waited block (with block
-    kb + LOOK). WSMEM 1: the words come through the ring with the activations; 0: w holds block kb's
-    words (loaded straight into registers one block ahead) and block kb + 1's are loaded here.
-    Returns (token, the next block's words or w)."""
+    kb + LOOK). WSMEM 1: the words come through the ring with the activations; 0: w and w2 hold blocks
+    kb and kb + 1's words (loaded straight into registers two blocks ahead) and block kb + 2's are loaded
+    here. Returns (token, the words of the next two blocks)."""
     async_copy.wait_group(LOOK - 1)
     gl.thread_barrier()         # every thread's copies of block kb landed; the slot refilled is free everywhere
     ahead = gl.minimum(kb + LOOK, KB - 1)
@@ -66,16 +66,19 @@ def _issue(kb, w, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl: gl.constexpr, wl
     tok = warpgroup_mma(_fragment(wv, dl), b_smem.index(kb % STAGES).permute((1, 0)), zero, use_acc=False,
                         is_async=True)
     if WSMEM:
-        nxt = w
+        n1 = w
+        n2 = w2
     else:
-        nxt = gl.load(w_ptrs + gl.minimum(kb + 1, KB - 1) * 128)
-    return tok, nxt
+        n1 = w2
+        n2 = gl.load(w_ptrs + gl.minimum(kb + 2, KB - 1) * 128)
+    return tok, n1, n2
 
 
 @gluon.jit
-def _rescale(acc, part, kb, s_ptrs, stride_sk, r_smem, tok_l: gl.constexpr):
-    """acc + (part - r[kb]) * scale[kb]: block kb's offset taken off, its group scale applied."""
-    sc = gl.load(s_ptrs + kb * stride_sk).to(gl.float32)
+def _rescale(acc, part, kb, s_smem, r_smem, row_l: gl.constexpr, tok_l: gl.constexpr):
+    """acc + (part - r[kb]) * scale[kb]: block kb's offset taken off, its group scale applied (both read
+    from shared memory, staged there at the start)."""
+    sc = s_smem.index(kb).load(row_l)
     rr = r_smem.index(kb).load(tok_l)
     return acc + (part - rr[None, :]) * sc[:, None]
 
@@ -141,23 +144,17 @@ def w4a8_rs_kernel(
 
     # a tile row's weight column (module doc), in the word layout and in the accumulator's row layout
     rw = gl.arange(0, ROWS, layout=gl.SliceLayout(1, gl.SliceLayout(2, wl)))
-    rs = gl.arange(0, ROWS, layout=row_l)
     if GATED:
         out_w = pid_n * COLS + (rw // 16) * 8 + rw % 8
         col_w = gl.where(out_w < N, out_w, 0) + ((rw // 8) % 2) * up_offset
-        out_s = pid_n * COLS + (rs // 16) * 8 + rs % 8
-        col_s = gl.where(out_s < N, out_s, 0) + ((rs // 8) % 2) * up_offset
     else:
         out_w = pid_n * COLS + rw
         col_w = gl.where(out_w < N, out_w, 0)
-        out_s = pid_n * COLS + rs
-        col_s = gl.where(out_s < N, out_s, 0)
     tile_words = KB * 128
     t_w = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, wl)))
     s_w = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, wl)))
     w_ptrs = (q_ptr + e64 * stride_qe + ((col_w // 8) * tile_words + (col_w % 8) * 16)[:, None, None]
               + (4 * t_w)[None, :, None] + s_w[None, None, :])
-    s_ptrs = s_ptr + e64 * stride_se + col_s
 
     b_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_T, 128], b_sl)
     if WSMEM:
@@ -180,36 +177,47 @@ def w4a8_rs_kernel(
     r_all.store(gl.load(r_ptr + (pair_r // A_ROW_DIV).to(gl.int64)[None, :] * stride_rm + kb_r[:, None],
                         mask=(kb_r < KB)[:, None], other=0.0))
     r_smem = r_all._reinterpret(gl.float32, [KB_MAX, BLOCK_T], gl.SwizzledSharedLayout(1, 1, 1, [0]))  # rows
+    # the tile rows' group scales likewise (fp32): a global load in the step itself waited ~L2 latency
+    s_all = gl.allocate_shared_memory(gl.float32, [KB_MAX, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    rr_s = gl.arange(0, ROWS, layout=gl.SliceLayout(0, rl))
+    if GATED:
+        col_r = gl.where(pid_n * COLS + (rr_s // 16) * 8 + rr_s % 8 < N, pid_n * COLS + (rr_s // 16) * 8 + rr_s % 8, 0)
+        col_r = col_r + ((rr_s // 8) % 2) * up_offset
+    else:
+        col_r = gl.where(pid_n * COLS + rr_s < N, pid_n * COLS + rr_s, 0)
+    s_all.store(gl.load(s_ptr + e64 * stride_se + kb_r[:, None] * stride_sk + col_r[None, :],
+                        mask=(kb_r < KB)[:, None], other=0.0).to(gl.float32))
+    s_smem = s_all._reinterpret(gl.float32, [KB_MAX, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    gl.thread_barrier()
 
     zero = gl.zeros([ROWS, BLOCK_T], gl.float32, mma)
     acc = zero
     if WSMEM:
         w = gl.zeros([ROWS, 4, 4], gl.int32, wl)       # unused: the words come through the ring
+        w2 = w
     else:
         w = gl.load(w_ptrs)
+        w2 = gl.load(w_ptrs + gl.minimum(1, KB - 1) * 128)
     if DEPTH == 1:
         for kb in range(0, KB):
-            tok, w = _issue(kb, w, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl, wl, LOOK, STAGES, WSMEM)
-            sc = gl.load(s_ptrs + kb * stride_sk).to(gl.float32)
-            rr = r_smem.index(kb).load(tok_l)
-            part = warpgroup_mma_wait(0, deps=(tok,))
-            acc += (part - rr[None, :]) * sc[:, None]
+            tok, w, w2 = _issue(kb, w, w2, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl, wl, LOOK, STAGES, WSMEM)
+            acc = _rescale(acc, warpgroup_mma_wait(0, deps=(tok,)), kb, s_smem, r_smem, row_l, tok_l)
     else:
         # unrolled by two so the two blocks in flight keep fixed accumulator registers (a rotating
         # loop-carried accumulator makes ptxas serialise the wgmma): each step issues block kb and
         # then rescales block kb - 1 while kb runs
-        tok_a, w = _issue(0, w, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl, wl, LOOK, STAGES, WSMEM)
+        tok_a, w, w2 = _issue(0, w, w2, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl, wl, LOOK, STAGES, WSMEM)
         for kb in range(1, KB - 1, 2):
-            tok_b, w = _issue(kb, w, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl, wl, LOOK, STAGES, WSMEM)
-            acc = _rescale(acc, warpgroup_mma_wait(1, deps=(tok_a,)), kb - 1, s_ptrs, stride_sk, r_smem, tok_l)
-            tok_a, w = _issue(kb + 1, w, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl, wl, LOOK, STAGES, WSMEM)
-            acc = _rescale(acc, warpgroup_mma_wait(1, deps=(tok_b,)), kb, s_ptrs, stride_sk, r_smem, tok_l)
+            tok_b, w, w2 = _issue(kb, w, w2, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl, wl, LOOK, STAGES, WSMEM)
+            acc = _rescale(acc, warpgroup_mma_wait(1, deps=(tok_a,)), kb - 1, s_smem, r_smem, row_l, tok_l)
+            tok_a, w, w2 = _issue(kb + 1, w, w2, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl, wl, LOOK, STAGES, WSMEM)
+            acc = _rescale(acc, warpgroup_mma_wait(1, deps=(tok_b,)), kb, s_smem, r_smem, row_l, tok_l)
         if KB % 2 == 0:
-            tok_b, w = _issue(KB - 1, w, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl, wl, LOOK, STAGES, WSMEM)
-            acc = _rescale(acc, warpgroup_mma_wait(1, deps=(tok_a,)), KB - 2, s_ptrs, stride_sk, r_smem, tok_l)
-            acc = _rescale(acc, warpgroup_mma_wait(0, deps=(tok_b,)), KB - 1, s_ptrs, stride_sk, r_smem, tok_l)
+            tok_b, w, w2 = _issue(KB - 1, w, w2, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl, wl, LOOK, STAGES, WSMEM)
+            acc = _rescale(acc, warpgroup_mma_wait(1, deps=(tok_a,)), KB - 2, s_smem, r_smem, row_l, tok_l)
+            acc = _rescale(acc, warpgroup_mma_wait(0, deps=(tok_b,)), KB - 1, s_smem, r_smem, row_l, tok_l)
         else:
-            acc = _rescale(acc, warpgroup_mma_wait(0, deps=(tok_a,)), KB - 1, s_ptrs, stride_sk, r_smem, tok_l)
+            acc = _rescale(acc, warpgroup_mma_wait(0, deps=(tok_a,)), KB - 1, s_smem, r_smem, row_l, tok_l)
     async_copy.wait_group(0)
 
     a_s = gl.load(as_ptr + arow) * 512.0           # the codes were c * 2^-9
