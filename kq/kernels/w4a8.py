@@ -167,8 +167,8 @@ def _launch(aq, q, s, out, routing, n, a_row_div, gated, up_offset, cfg: W4A8Con
     kb = q.shape[2]
     if cfg.cvt == 3:
         wg = cfg.num_warps // 4
-        if cfg.num_warps not in (4, 8) or cfg.block_n != (32 if gated else 64) * wg:
-            raise ValueError(f"w4a8: the register-operand kernel takes 4 or 8 warps and {32 if gated else 64} "
+        if cfg.num_warps not in (4, 8, 16) or cfg.block_n != (32 if gated else 64) * wg:
+            raise ValueError(f"w4a8: the register-operand kernel takes 4, 8 or 16 warps and {32 if gated else 64} "
                              f"output columns per warpgroup, got {cfg}")
         from .w4a8_rs import w4a8_rs_kernel
         w4a8_rs_kernel[(triton.cdiv(n, cfg.block_n), routing[1].numel())](

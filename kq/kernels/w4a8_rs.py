@@ -78,7 +78,7 @@ def _issue(kb, w, w2, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl: gl.constexpr
 def _rescale(acc, part, kb, s_smem, r_smem, row_l: gl.constexpr, tok_l: gl.constexpr):
     """acc + (part - r[kb]) * scale[kb]: block kb's offset taken off, its group scale applied (both read
     from shared memory, staged there at the start)."""
-    sc = s_smem.index(kb).load(row_l)
+    sc = s_smem.index(kb).load(row_l).to(gl.float32)
     rr = r_smem.index(kb).load(tok_l)
     return acc + (part - rr[None, :]) * sc[:, None]
 
@@ -113,11 +113,16 @@ def w4a8_rs_kernel(
             reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]],
             lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
             warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[ROWS, 4, 4])
-    else:
+    elif WG == 2:
         wl: gl.constexpr = gl.DistributedLinearLayout(
             reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]],
             lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
             warp_bases=[[16, 0, 0], [32, 0, 0], [64, 0, 0]], block_bases=[], shape=[ROWS, 4, 4])
+    else:
+        wl: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]],
+            lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+            warp_bases=[[16, 0, 0], [32, 0, 0], [64, 0, 0], [128, 0, 0]], block_bases=[], shape=[ROWS, 4, 4])
     al: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [NW, 1], [1, 0])           # [BLOCK_T, 128] e4m3 copies
     b_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     row_l: gl.constexpr = gl.SliceLayout(1, mma)
@@ -177,8 +182,8 @@ def w4a8_rs_kernel(
     r_all.store(gl.load(r_ptr + (pair_r // A_ROW_DIV).to(gl.int64)[None, :] * stride_rm + kb_r[:, None],
                         mask=(kb_r < KB)[:, None], other=0.0))
     r_smem = r_all._reinterpret(gl.float32, [KB_MAX, BLOCK_T], gl.SwizzledSharedLayout(1, 1, 1, [0]))  # rows
-    # the tile rows' group scales likewise (fp32): a global load in the step itself waited ~L2 latency
-    s_all = gl.allocate_shared_memory(gl.float32, [KB_MAX, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    # the tile rows' group scales likewise: a global load in the step itself waited ~L2 latency
+    s_all = gl.allocate_shared_memory(gl.bfloat16, [KB_MAX, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     rr_s = gl.arange(0, ROWS, layout=gl.SliceLayout(0, rl))
     if GATED:
         col_r = gl.where(pid_n * COLS + (rr_s // 16) * 8 + rr_s % 8 < N, pid_n * COLS + (rr_s // 16) * 8 + rr_s % 8, 0)
@@ -186,8 +191,8 @@ def w4a8_rs_kernel(
     else:
         col_r = gl.where(pid_n * COLS + rr_s < N, pid_n * COLS + rr_s, 0)
     s_all.store(gl.load(s_ptr + e64 * stride_se + kb_r[:, None] * stride_sk + col_r[None, :],
-                        mask=(kb_r < KB)[:, None], other=0.0).to(gl.float32))
-    s_smem = s_all._reinterpret(gl.float32, [KB_MAX, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+                        mask=(kb_r < KB)[:, None], other=0.0))
+    s_smem = s_all._reinterpret(gl.bfloat16, [KB_MAX, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     gl.thread_barrier()
 
     zero = gl.zeros([ROWS, BLOCK_T], gl.float32, mma)
