@@ -255,10 +255,10 @@ def sweep_stages(base, pp, sc, x, tis, k, flops):
     p = tis[0].numel()
     act = torch.randn(p, pp.intermediate, device=DEV, dtype=torch.bfloat16)
     C = w4a8.W4A8Config
-    up = [C(64, 64, 4, 4, 2, 168), C(64, 64, 8, 3, 3), C(64, 64, 8, 4, 3, wsmem=1), C(64, 64, 8, 3, 3, wsmem=1),
-          C(64, 128, 16, 3, 3), C(64, 128, 16, 3, 3, wsmem=1), C(64, 32, 4, 3, 3, wsmem=1), C(64, 32, 4, 2, 3)]
-    dn = [C(64, 128, 4, 3, 2, 168), C(64, 128, 8, 3, 3), C(64, 128, 8, 4, 3, wsmem=1), C(64, 128, 8, 3, 3, wsmem=1),
-          C(64, 256, 16, 3, 3), C(64, 256, 16, 3, 3, wsmem=1), C(64, 64, 4, 3, 3, wsmem=1), C(64, 64, 4, 2, 3)]
+    up = [C(64, 64, 4, 4, 2, 168), C(64, 64, 8, 3, 3, wsmem=1), C(64, 64, 8, 2, 3, wsmem=1), C(32, 64, 8, 3, 3, wsmem=1),
+          C(32, 64, 8, 4, 3, wsmem=1), C(32, 128, 16, 3, 3, wsmem=1), C(64, 128, 16, 4, 3, wsmem=1)]
+    dn = [C(64, 128, 4, 3, 2, 168), C(64, 256, 16, 3, 3, wsmem=1), C(64, 128, 8, 2, 3, wsmem=1), C(32, 128, 8, 3, 3, wsmem=1),
+          C(32, 128, 8, 4, 3, wsmem=1), C(32, 256, 16, 3, 3, wsmem=1), C(64, 256, 16, 4, 3, wsmem=1)]
     best = {}
     for stage, grid in (("gate_up", up), ("down", dn)):
         for cfg in grid:
