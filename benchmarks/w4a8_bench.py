@@ -158,11 +158,10 @@ def cublas_fp8_tflops():
     return 2 * n ** 3 / us / 1e6
 
 
-# the register-operand kernel (cvt 3) in the --check: one and two warpgroups, one and two wgmma in flight
-RS_CHECK = [(w4a8.W4A8Config(64, 32, 4, 4, 3), w4a8.W4A8Config(64, 64, 4, 4, 3)),
-            (w4a8.W4A8Config(64, 32, 4, 4, 3, None, 2), w4a8.W4A8Config(64, 64, 4, 4, 3, None, 2)),
-            (w4a8.W4A8Config(64, 64, 8, 3, 3, None, 2), w4a8.W4A8Config(128, 128, 8, 3, 3)),
-            (w4a8.W4A8Config(64, 32, 4, 4, 3, wsmem=1), w4a8.W4A8Config(64, 64, 4, 3, 3, None, 2, 1))]
+# the register-operand kernel (cvt 3) in the --check: one, two and four warpgroups, 64- and 32-row blocks
+RS_CHECK = [(w4a8.W4A8Config(64, 32, 4, 4, 3), w4a8.W4A8Config(64, 64, 4, 3, 3)),
+            (w4a8.W4A8Config(64, 64, 8, 3, 3), w4a8.W4A8Config(64, 256, 16, 3, 3)),
+            (w4a8.W4A8Config(32, 128, 16, 3, 3), w4a8.W4A8Config(32, 128, 8, 4, 3))]
 
 
 def check(gen):
@@ -255,10 +254,10 @@ def sweep_stages(base, pp, sc, x, tis, k, flops):
     p = tis[0].numel()
     act = torch.randn(p, pp.intermediate, device=DEV, dtype=torch.bfloat16)
     C = w4a8.W4A8Config
-    up = [C(64, 64, 4, 4, 2, 168), C(64, 64, 8, 3, 3, wsmem=1), C(64, 64, 8, 2, 3, wsmem=1), C(32, 64, 8, 3, 3, wsmem=1),
-          C(32, 64, 8, 4, 3, wsmem=1), C(32, 128, 16, 3, 3, wsmem=1), C(64, 128, 16, 4, 3, wsmem=1)]
-    dn = [C(64, 128, 4, 3, 2, 168), C(64, 256, 16, 3, 3, wsmem=1), C(64, 128, 8, 2, 3, wsmem=1), C(32, 128, 8, 3, 3, wsmem=1),
-          C(32, 128, 8, 4, 3, wsmem=1), C(32, 256, 16, 3, 3, wsmem=1), C(64, 256, 16, 4, 3, wsmem=1)]
+    up = [C(64, 64, 4, 4, 2, 168), C(64, 64, 8, 3, 3), C(64, 64, 8, 2, 3), C(32, 64, 8, 3, 3),
+          C(32, 64, 8, 4, 3), C(32, 128, 16, 3, 3), C(64, 128, 16, 4, 3)]
+    dn = [C(64, 128, 4, 3, 2, 168), C(64, 256, 16, 3, 3), C(64, 128, 8, 2, 3), C(32, 128, 8, 3, 3),
+          C(32, 128, 8, 4, 3), C(32, 256, 16, 3, 3), C(64, 256, 16, 4, 3)]
     best = {}
     for stage, grid in (("gate_up", up), ("down", dn)):
         for cfg in grid:
@@ -278,7 +277,7 @@ def sweep_stages(base, pp, sc, x, tis, k, flops):
                 log({**base, "sweep": stage, "cfg": str(cfg), "error": repr(ex)[:200]})
                 continue
             log({**base, "sweep": stage, "cfg": [cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.cvt,
-                                                 cfg.maxnreg, cfg.depth, cfg.wsmem],
+                                                 cfg.maxnreg],
                  "us": round(us, 1),
                  "tflops": round(fl / us / 1e6, 1)})
             if stage not in best or us < best[stage][0]:

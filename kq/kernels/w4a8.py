@@ -31,8 +31,6 @@ class W4A8Config:
                             # 3: w4a8_rs.py, the weights as wgmma's register operand (offset bytes; block_m
                             # routed rows, block_n output columns: 32 (gate+up) or 64 (down) per warpgroup)
     maxnreg: int | None = None  # register cap per thread (168: three programs a multiprocessor)
-    depth: int = 1          # cvt 3: wgmma in flight per warpgroup (2: the rescale of block kb - 1 overlaps block kb)
-    wsmem: int = 0          # cvt 3: 1, the weight words through the shared ring (else straight to registers)
 
 
 def serves(pp: PrepackedMoE, device: torch.device) -> bool:
@@ -174,7 +172,7 @@ def _launch(aq, q, s, out, routing, n, a_row_div, gated, up_offset, cfg: W4A8Con
         w4a8_rs_kernel[(triton.cdiv(n, cfg.block_n), routing[1].numel())](
             a, a.stride(0), a_s, r, r.stride(0), q, q.stride(0), s, s.stride(0), s.stride(1), out, out.stride(0),
             *routing, n, kb, up_offset, A_ROW_DIV=a_row_div, GATED=gated, BLOCK_T=cfg.block_m, WG=wg,
-            STAGES=cfg.num_stages, DEPTH=cfg.depth, KB_MAX=triton.next_power_of_2(kb), WSMEM=cfg.wsmem, num_warps=cfg.num_warps,
+            STAGES=cfg.num_stages, KB_MAX=triton.next_power_of_2(kb), num_warps=cfg.num_warps,
             **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
         return
     w4a8_moe_kernel[(triton.cdiv(n, cfg.block_n), routing[1].numel())](

@@ -4,9 +4,8 @@ Why. In w4a8_kernel.py the converted weights are the dot's second operand, which
 shared memory only: every K block the int4 words go global -> shared -> registers -> (converted)
 shared -> tensor cores, and the small 64 x 64 tiles of an expert's rows read the activations from
 shared memory twice. Swapping the roles makes the weights the first operand, which wgmma takes from
-registers: the words go from global memory straight into the registers of wgmma's A fragment (two
-masks per word, CVT 2's offset bytes), and only the activations (the routed tokens, now the MMA's N)
-pass through shared memory, in a cp.async ring.
+registers: the converted words (two masks a word, CVT 2's offset bytes) go straight into the registers
+of wgmma's A fragment, and the routed tokens become the MMA's N, read from shared memory.
 
 The lane layout already fits the fragment. For one 64-row warpgroup tile and one k32 step, thread
 (g, t) of warp w holds rows 16w + g and 16w + g + 8, inputs 4t..4t+3 and 16 + 4t..16 + 4t + 3, four
@@ -18,11 +17,15 @@ nibble 2i + h of word (t, s).
 
 Rows of a tile: for gate+up (GATED), rows 16w..16w+7 are 8 gate columns and rows 16w+8..16w+15 the
 same 8 up columns, so each thread holds a gate value and its up value and SiLU*mul needs no exchange;
-for down, the tile's 64 rows are 64 consecutive columns. Maths per K block kb (CVT 2):
+for down, the tile's rows are consecutive columns. Maths per K block kb (CVT 2):
     acc[n, m] += (dot(c[n, kb] * 2^-9, a[m, kb]) - r[m, kb]) * scale[n, kb]
 and the activation's row scale times 512 at the end, as in w4a8_kernel.
-DEPTH 2 keeps two wgmma in flight: block kb's is issued before block kb - 1's partial sums are waited
-for and rescaled, so the fp32 rescale overlaps the tensor cores.
+
+Pipeline: the activations and the words of block kb + STAGES - 1 go into a cp.async ring while block
+kb is computed (each thread copies exactly the 16 bytes of words it reads back); the tile's block sums
+and group scales are staged in shared memory once. No global load into a register is left in the K
+loop: on an H200 the words loaded straight into registers two blocks ahead, or a scale loaded in the
+step, cost 1.2-1.5x (benchmarks/results/h200/w4a8_rs_sweeps_*.jsonl).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -46,32 +49,18 @@ def _fragment(w, dl: gl.constexpr):
 
 
 @gluon.jit
-def _issue(kb, w, w2, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl: gl.constexpr, wl: gl.constexpr,
-           LOOK: gl.constexpr, STAGES: gl.constexpr, WSMEM: gl.constexpr):
-    """Block kb's wgmma, issued async; refills the ring slot freed by the last waited block (with block
-    kb + LOOK). WSMEM 1: the words come through the ring with the activations; 0: w and w2 hold blocks
-    kb and kb + 1's words (loaded straight into registers two blocks ahead) and block kb + 2's are loaded
-    here. Returns (token, the words of the next two blocks)."""
-    async_copy.wait_group(LOOK - 1)
-    gl.thread_barrier()         # every thread's copies of block kb landed; the slot refilled is free everywhere
-    ahead = gl.minimum(kb + LOOK, KB - 1)
-    async_copy.async_copy_global_to_shared(b_smem.index((kb + LOOK) % STAGES), a_ptrs + ahead * 128)
-    if WSMEM:
-        async_copy.async_copy_global_to_shared(w_smem.index((kb + LOOK) % STAGES), w_ptrs + ahead * 128)
+def _issue(kb, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl: gl.constexpr, wl: gl.constexpr,
+           STAGES: gl.constexpr):
+    """Block kb's wgmma, issued async on the words and activations in ring slot kb % STAGES; the slot
+    freed by block kb - 1 (waited for before the barrier) is refilled with block kb + STAGES - 1."""
+    async_copy.wait_group(STAGES - 2)
+    gl.thread_barrier()         # every thread's copies of block kb landed; block kb - 1's wgmma done everywhere
+    ahead = gl.minimum(kb + STAGES - 1, KB - 1)
+    async_copy.async_copy_global_to_shared(b_smem.index((kb + STAGES - 1) % STAGES), a_ptrs + ahead * 128)
+    async_copy.async_copy_global_to_shared(w_smem.index((kb + STAGES - 1) % STAGES), w_ptrs + ahead * 128)
     async_copy.commit_group()
-    if WSMEM:
-        wv = w_smem.index(kb % STAGES).load(wl)
-    else:
-        wv = w
-    tok = warpgroup_mma(_fragment(wv, dl), b_smem.index(kb % STAGES).permute((1, 0)), zero, use_acc=False,
-                        is_async=True)
-    if WSMEM:
-        n1 = w
-        n2 = w2
-    else:
-        n1 = w2
-        n2 = gl.load(w_ptrs + gl.minimum(kb + 2, KB - 1) * 128)
-    return tok, n1, n2
+    a = _fragment(w_smem.index(kb % STAGES).load(wl), dl)
+    return warpgroup_mma(a, b_smem.index(kb % STAGES).permute((1, 0)), zero, use_acc=False, is_async=True)
 
 
 @gluon.jit
@@ -95,15 +84,13 @@ def w4a8_rs_kernel(
     A_ROW_DIV: gl.constexpr, GATED: gl.constexpr,
     BLOCK_T: gl.constexpr,                  # routed rows per program (wgmma N; the routing's block)
     WG: gl.constexpr,                       # warpgroups: 64 weight rows each
-    STAGES: gl.constexpr, DEPTH: gl.constexpr,
+    STAGES: gl.constexpr,                   # ring slots (blocks STAGES - 1 ahead)
     KB_MAX: gl.constexpr,                   # KB rounded up to a power of two (the block sums' buffer)
-    WSMEM: gl.constexpr,                    # 1: the words through the shared ring too (cp.async, STAGES deep)
 ):
     ROWS: gl.constexpr = 64 * WG
     NW: gl.constexpr = 4 * WG
     COLS: gl.constexpr = ROWS // 2 if GATED else ROWS          # output columns per program
-    LOOK: gl.constexpr = STAGES - DEPTH                        # activation blocks in flight ahead
-    gl.static_assert(LOOK >= 1, "STAGES must exceed DEPTH")
+    gl.static_assert(STAGES >= 2, "a ring of two slots at least")
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_T, 32])
     dl: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     # words [ROWS, 4 (t), 4 (s)]: thread (g, t) of warp w holds rows 16w + g, 16w + g + 8, its four words
@@ -162,14 +149,10 @@ def w4a8_rs_kernel(
               + (4 * t_w)[None, :, None] + s_w[None, None, :])
 
     b_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_T, 128], b_sl)
-    if WSMEM:
-        w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, ROWS, 4, 4], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
-    else:
-        w_smem = b_smem
-    for i in gl.static_range(LOOK):
+    w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, ROWS, 4, 4], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+    for i in gl.static_range(STAGES - 1):
         async_copy.async_copy_global_to_shared(b_smem.index(i), a_ptrs + gl.minimum(i, KB - 1) * 128)
-        if WSMEM:
-            async_copy.async_copy_global_to_shared(w_smem.index(i), w_ptrs + gl.minimum(i, KB - 1) * 128)
+        async_copy.async_copy_global_to_shared(w_smem.index(i), w_ptrs + gl.minimum(i, KB - 1) * 128)
         async_copy.commit_group()
 
     # the block sums of the tile's rows, all K blocks, transposed into shared memory once: each step
@@ -197,32 +180,9 @@ def w4a8_rs_kernel(
 
     zero = gl.zeros([ROWS, BLOCK_T], gl.float32, mma)
     acc = zero
-    if WSMEM:
-        w = gl.zeros([ROWS, 4, 4], gl.int32, wl)       # unused: the words come through the ring
-        w2 = w
-    else:
-        w = gl.load(w_ptrs)
-        w2 = gl.load(w_ptrs + gl.minimum(1, KB - 1) * 128)
-    if DEPTH == 1:
-        for kb in range(0, KB):
-            tok, w, w2 = _issue(kb, w, w2, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl, wl, LOOK, STAGES, WSMEM)
-            acc = _rescale(acc, warpgroup_mma_wait(0, deps=(tok,)), kb, s_smem, r_smem, row_l, tok_l)
-    else:
-        # unrolled by two so the two blocks in flight keep fixed accumulator registers (a rotating
-        # loop-carried accumulator makes ptxas serialise the wgmma): each step issues block kb and
-        # then rescales block kb - 1 while kb runs
-        tok_a, w, w2 = _issue(0, w, w2, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl, wl, LOOK, STAGES, WSMEM)
-        for kb in range(1, KB - 1, 2):
-            tok_b, w, w2 = _issue(kb, w, w2, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl, wl, LOOK, STAGES, WSMEM)
-            acc = _rescale(acc, warpgroup_mma_wait(1, deps=(tok_a,)), kb - 1, s_smem, r_smem, row_l, tok_l)
-            tok_a, w, w2 = _issue(kb + 1, w, w2, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl, wl, LOOK, STAGES, WSMEM)
-            acc = _rescale(acc, warpgroup_mma_wait(1, deps=(tok_b,)), kb, s_smem, r_smem, row_l, tok_l)
-        if KB % 2 == 0:
-            tok_b, w, w2 = _issue(KB - 1, w, w2, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl, wl, LOOK, STAGES, WSMEM)
-            acc = _rescale(acc, warpgroup_mma_wait(1, deps=(tok_a,)), KB - 2, s_smem, r_smem, row_l, tok_l)
-            acc = _rescale(acc, warpgroup_mma_wait(0, deps=(tok_b,)), KB - 1, s_smem, r_smem, row_l, tok_l)
-        else:
-            acc = _rescale(acc, warpgroup_mma_wait(0, deps=(tok_a,)), KB - 1, s_smem, r_smem, row_l, tok_l)
+    for kb in range(0, KB):
+        tok = _issue(kb, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl, wl, STAGES)
+        acc = _rescale(acc, warpgroup_mma_wait(0, deps=(tok,)), kb, s_smem, r_smem, row_l, tok_l)
     async_copy.wait_group(0)
 
     a_s = gl.load(as_ptr + arow) * 512.0           # the codes were c * 2^-9

@@ -43,15 +43,14 @@ CASES = [  # E, H, I, T, k, cfg family (small: the default tiles, large: BLOCK_M
     (8, 256, 128, 5, 2, "small", 2), (16, 512, 256, 77, 4, "large", 2), (32, 1024, 384, 300, 8, "small", 2),
     (32, 1024, 384, 300, 8, "large", 2), (4, 768, 640, 130, 3, "small", 2), (4, 2304, 640, 130, 3, "small", 2),
     (4, 768, 256, 600, 3, "small", 2),
-    # the register-operand kernel (w4a8_rs.py): one wgmma in flight, two, two warpgroups (K blocks 1-18,
-    # odd and even counts for the two-in-flight tail)
-    (8, 256, 128, 5, 2, "rs", 3), (16, 512, 256, 77, 4, "rs2", 3), (32, 1024, 384, 300, 8, "rs", 3),
-    (32, 1024, 384, 300, 8, "rs2", 3), (4, 768, 640, 130, 3, "rs2", 3), (4, 2304, 640, 130, 3, "rswg2", 3),
-    (4, 768, 256, 600, 3, "rs", 3), (16, 512, 256, 77, 4, "rswg2", 3), (4, 768, 640, 130, 3, "rsw", 3),
-    (32, 1024, 384, 300, 8, "rsw", 3),
+    # the register-operand kernel (w4a8_rs.py): one, two, four warpgroups, 64- and 32-row routed blocks
+    # (K blocks 1-18)
+    (8, 256, 128, 5, 2, "rs", 3), (16, 512, 256, 77, 4, "rswg2", 3), (32, 1024, 384, 300, 8, "rs", 3),
+    (32, 1024, 384, 300, 8, "rswg4", 3), (4, 768, 640, 130, 3, "rs32", 3), (4, 2304, 640, 130, 3, "rswg2", 3),
+    (4, 768, 256, 600, 3, "rswg4", 3), (16, 512, 256, 77, 4, "rs32", 3),
 ]
-RS = {"rs": ((64, 32, 4, 4), (64, 64, 4, 4), 1), "rs2": ((64, 32, 4, 4), (64, 64, 4, 3), 2),
-      "rswg2": ((64, 64, 8, 3), (128, 128, 8, 3), 2), "rsw": ((64, 32, 4, 4), (64, 64, 4, 3), 2)}   # rsw: words via shared
+RS = {"rs": ((64, 32, 4, 4), (64, 64, 4, 3)), "rswg2": ((64, 64, 8, 3), (64, 128, 8, 3)),
+      "rswg4": ((64, 128, 16, 3), (64, 256, 16, 3)), "rs32": ((32, 64, 8, 3), (32, 128, 8, 4))}
 
 
 @pytest.mark.parametrize("e,h,i,t,k,family,cvt", CASES)
@@ -63,9 +62,8 @@ def test_w4a8_matches_reference(e, h, i, t, k, family, cvt, monkeypatch):
     ids[0, 0] = -1                                        # another EP rank's expert
     tw = torch.rand(t, k, generator=gen, device=DEV)
     if family in RS:
-        up, dn, depth = RS[family]
-        ws = int(family == "rsw")
-        cfg = (w4a8.W4A8Config(*up, 3, None, depth, ws), w4a8.W4A8Config(*dn, 3, None, depth, ws))
+        up, dn = RS[family]
+        cfg = (w4a8.W4A8Config(*up, 3), w4a8.W4A8Config(*dn, 3))
     elif family == "large":   # BLOCK_M 128 on two warpgroups
         cfg = (w4a8.W4A8Config(128, 64, 8, 4, cvt), w4a8.W4A8Config(128, 128, 8, 3, cvt))
     else:
