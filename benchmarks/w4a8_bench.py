@@ -159,7 +159,8 @@ def cublas_fp8_tflops():
 
 
 # the register-operand kernel (cvt 3) in the --check: one, two and four warpgroups, 64- and 32-row blocks
-RS_CHECK = [(w4a8.W4A8Config(64, 32, 4, 4, 3), w4a8.W4A8Config(64, 64, 4, 3, 3)),
+RS_CHECK = [w4a8.configs(2400, 32), w4a8.configs(2400, 8),
+            (w4a8.W4A8Config(64, 32, 4, 4, 3), w4a8.W4A8Config(64, 64, 4, 3, 3)),
             (w4a8.W4A8Config(64, 64, 8, 3, 3), w4a8.W4A8Config(64, 256, 16, 3, 3)),
             (w4a8.W4A8Config(32, 128, 16, 3, 3), w4a8.W4A8Config(32, 128, 8, 4, 3))]
 
@@ -174,8 +175,8 @@ def check(gen):
     tw = torch.rand(t, k, device=DEV, generator=gen)
     ref = w4a8.reference(x, pp, tw, ti).double()
     C = w4a8.W4A8Config
-    for cvt in (0, 1, 2):
-        for cfgs in (w4a8.configs(t * k, e), (C(128, 64, 8, 4), C(128, 128, 8, 3))):
+    for cvt in (0, 1, 2):       # the Triton kernel (w4a8_kernel.py) at its own tiles
+        for cfgs in ((C(64, 64, 4, 4, maxnreg=168), C(64, 128, 4, 3, maxnreg=168)), (C(128, 64, 8, 4), C(128, 128, 8, 3))):
             cfgs = tuple(C(c.block_m, c.block_n, c.num_warps, c.num_stages, cvt, c.maxnreg) for c in cfgs)
             out = w4a8.fused_moe_w4a8(x, pp, tw, ti, config=cfgs).double()
             err = ((out - ref).norm() / ref.norm()).item()

@@ -51,13 +51,16 @@ def block_scales(pp: PrepackedMoE) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def configs(pairs: int, num_experts: int) -> tuple[W4A8Config, W4A8Config]:
-    """(gate+up, down) tiles, from the H200 sweeps (benchmarks/w4a8_bench.py --sweep, GLM-5.2 at 2048 and 4096
-    tokens; benchmarks/results/h200/w4a8_*.jsonl): BLOCK_M 64 on one warpgroup, gate+up 64 x (64 gate + 64
-    up) columns with SiLU*mul in the epilogue, down 64 x 128, the offset-byte conversion (cvt 2) held to
-    168 registers so three programs share a multiprocessor: 3-7 % faster than the byte permutes (cvt 1).
-    BLOCK_M 128 on two warpgroups ran 1.3-1.8x slower, one GEMM over [gate | up] with SiLU*mul in the
-    quantisation kernel 1.04-2x slower, the plain-ops conversion 2-20 % slower than the byte permutes."""
-    return W4A8Config(64, 64, 4, 4, 2, 168), W4A8Config(64, 128, 4, 3, 2, 168)
+    """(gate+up, down) tiles of the register-operand kernel (cvt 3, w4a8_rs.py), from the H200 sweeps
+    (benchmarks/w4a8_bench.py --sweep, GLM-5.2 at 2048, 4096 and 16384 tokens; rows in
+    benchmarks/results/h200/w4a8_rs_sweeps_*.jsonl): routed blocks of 64 rows in both stages (one routing
+    table; 32-row blocks were faster for down alone at 4096 tokens but a second table cost more than they
+    saved); gate+up on two warpgroups (64 outputs, 128 weight rows), down on four (256 columns) up to
+    ~256 pairs an expert, two (128) with a two-slot ring past it (16384 tokens: 512 an expert).
+    Against the Triton kernel (cvt 2, w4a8_kernel.py): gate+up 0.77x its time, down 0.90x at 4096 tokens."""
+    if pairs >= 256 * num_experts:
+        return W4A8Config(64, 64, 8, 2, 3), W4A8Config(64, 128, 8, 2, 3)
+    return W4A8Config(64, 64, 8, 3, 3), W4A8Config(64, 256, 16, 3, 3)
 
 
 def _check(pp: PrepackedMoE) -> None:

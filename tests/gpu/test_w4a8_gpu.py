@@ -37,7 +37,7 @@ def _poison(monkeypatch):
     monkeypatch.setattr(w4a8.torch, "empty", empty)
 
 
-CASES = [  # E, H, I, T, k, cfg family (small: the default tiles, large: BLOCK_M 128), cvt
+CASES = [  # E, H, I, T, k, cfg family (small: the Triton kernel's tiles, large: BLOCK_M 128), cvt
     (8, 256, 128, 5, 2, "small", 1), (16, 512, 256, 77, 4, "small", 0), (16, 512, 256, 77, 4, "large", 1),
     (32, 1024, 384, 300, 8, "large", 0), (32, 1024, 384, 300, 8, "small", 1), (4, 768, 640, 130, 3, "large", 1),
     (8, 256, 128, 5, 2, "small", 2), (16, 512, 256, 77, 4, "large", 2), (32, 1024, 384, 300, 8, "small", 2),
@@ -48,6 +48,7 @@ CASES = [  # E, H, I, T, k, cfg family (small: the default tiles, large: BLOCK_M
     (8, 256, 128, 5, 2, "rs", 3), (16, 512, 256, 77, 4, "rswg2", 3), (32, 1024, 384, 300, 8, "rs", 3),
     (32, 1024, 384, 300, 8, "rswg4", 3), (4, 768, 640, 130, 3, "rs32", 3), (4, 2304, 640, 130, 3, "rswg2", 3),
     (4, 768, 256, 600, 3, "rswg4", 3), (16, 512, 256, 77, 4, "rs32", 3),
+    (32, 1024, 384, 300, 8, "default", 3), (4, 768, 256, 600, 3, "default", 3),    # both branches of configs()
 ]
 RS = {"rs": ((64, 32, 4, 4), (64, 64, 4, 3)), "rswg2": ((64, 64, 8, 3), (64, 128, 8, 3)),
       "rswg4": ((64, 128, 16, 3), (64, 256, 16, 3)), "rs32": ((32, 64, 8, 3), (32, 128, 8, 4))}
@@ -66,9 +67,10 @@ def test_w4a8_matches_reference(e, h, i, t, k, family, cvt, monkeypatch):
         cfg = (w4a8.W4A8Config(*up, 3), w4a8.W4A8Config(*dn, 3))
     elif family == "large":   # BLOCK_M 128 on two warpgroups
         cfg = (w4a8.W4A8Config(128, 64, 8, 4, cvt), w4a8.W4A8Config(128, 128, 8, 3, cvt))
-    else:
-        cfg = tuple(w4a8.W4A8Config(c.block_m, c.block_n, c.num_warps, c.num_stages, cvt, c.maxnreg)
-                    for c in w4a8.configs(t * k, e))
+    elif family == "default":   # what fused_moe_w4a8 picks
+        cfg = w4a8.configs(t * k, e)
+    else:                       # the Triton kernel's own tiles (BLOCK_M 64 on one warpgroup)
+        cfg = tuple(w4a8.W4A8Config(*tiles, cvt, 168) for tiles in ((64, 64, 4, 4), (64, 128, 4, 3)))
     _poison(monkeypatch)
     got = w4a8.fused_moe_w4a8(x, pp, tw, ids, config=cfg, routed_scaling_factor=2.5)
     ref = w4a8.reference(x, pp, tw, ids, routed_scaling_factor=2.5)

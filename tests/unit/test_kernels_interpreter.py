@@ -193,6 +193,19 @@ def _check_routing(ids, emap, e, block_m):
     return blk_e
 
 
+def test_routing_table_of_a_prefill_sized_batch():
+    """8800 pairs: moe_align's 2048-pair steps (prefill sizes), a chunk boundary inside every expert's
+    run, remote experts through a map, a -1 id."""
+    gen = torch.Generator().manual_seed(11)
+    ids = torch.stack([torch.randperm(24, generator=gen)[:8] for _ in range(1100)]).to(torch.int32)
+    ids[7, 3] = -1
+    emap = torch.full((24,), -1, dtype=torch.int32)
+    emap[2:18] = torch.randperm(16, generator=gen).to(torch.int32)
+    blk_e = _check_routing(ids, emap, 16, 64)
+    assert set(blk_e.tolist()) - {-1} == set(range(16))
+    _check_routing(ids.clamp(max=15), None, 16, 32)
+
+
 def test_routing_table_covers_each_local_pair_once():
     ids = torch.tensor([[0, 3, 5], [3, 1, 0], [1, 0, 3], [5, 3, 1], [0, 1, 3]], dtype=torch.int32)
     blk_e = _check_routing(ids, None, 6, 2)
