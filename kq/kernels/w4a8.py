@@ -1,5 +1,6 @@
 """W4A8 fused MoE for prefill: INT4 experts (the lane layout the decode path holds, group 128) times
-per-token dynamic FP8 activations, on FP8 tensor cores (kernels in w4a8_kernel.py).
+per-token dynamic FP8 activations, on FP8 tensor cores (kernels: w4a8_rs.py, the default on Hopper, with the
+weights as wgmma's register operand; w4a8_kernel.py, the Triton kernel, and the quantisation kernel).
 
     fused_moe_w4a8(x [T, H] bf16, pp: PrepackedMoE (lane, group 128), topk_weights [T, k] f32,
                    topk_ids [T, k] int32, *, expert_map=None, routed_scaling_factor=1.0) -> [T, H] bf16

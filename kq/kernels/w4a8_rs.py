@@ -24,8 +24,8 @@ and the activation's row scale times 512 at the end, as in w4a8_kernel.
 Pipeline: the activations and the words of block kb + STAGES - 1 go into a cp.async ring while block
 kb is computed (each thread copies exactly the 16 bytes of words it reads back); the tile's block sums
 and group scales are staged in shared memory once. No global load into a register is left in the K
-loop: on an H200 the words loaded straight into registers two blocks ahead, or a scale loaded in the
-step, cost 1.2-1.5x (benchmarks/results/h200/w4a8_rs_sweeps_*.jsonl).
+loop: on an H200 the words loaded straight into registers two blocks ahead cost 1.13-1.29x, a scale
+loaded in the step up to 1.35x (benchmarks/results/h200/w4a8_rs_sweeps_*.jsonl).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
