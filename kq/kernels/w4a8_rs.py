@@ -27,10 +27,32 @@ and group scales are staged in shared memory once. No global load into a registe
 loop: on an H200 the words loaded straight into registers two blocks ahead cost 1.13-1.29x, a scale
 loaded in the step up to 1.35x (benchmarks/results/h200/w4a8_rs_sweeps_*.jsonl).
 """
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
+
+
+@triton.constexpr_function
+def _word_layout(wg):
+    """The words [64 wg, 4 (t), 4 (s)]: thread (g, t) of warp w holds rows 16w + g and 16w + g + 8, its four
+    words (t, 0..3) of each (16 contiguous bytes, s fastest: one vector load or copy)."""
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]],
+        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[16 << i, 0, 0] for i in range(1 + wg.bit_length())], block_bases=[], shape=[64 * wg, 4, 4])
+
+
+@gluon.jit
+def _columns(r, pid_n, N, up_offset, COLS: gl.constexpr, GATED: gl.constexpr):
+    """The weight column of tile row r (module doc); a row past N reads column 0 (never stored)."""
+    if GATED:
+        out = pid_n * COLS + (r // 16) * 8 + r % 8
+        return gl.where(out < N, out, 0) + ((r // 8) % 2) * up_offset
+    else:
+        out = pid_n * COLS + r
+        return gl.where(out < N, out, 0)
 
 
 @gluon.jit
@@ -93,23 +115,7 @@ def w4a8_rs_kernel(
     gl.static_assert(STAGES >= 2, "a ring of two slots at least")
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_T, 32])
     dl: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
-    # words [ROWS, 4 (t), 4 (s)]: thread (g, t) of warp w holds rows 16w + g, 16w + g + 8, its four words
-    # (t, 0..3) of each (16 contiguous bytes)
-    if WG == 1:
-        wl: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]],
-            lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-            warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[ROWS, 4, 4])
-    elif WG == 2:
-        wl: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]],
-            lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-            warp_bases=[[16, 0, 0], [32, 0, 0], [64, 0, 0]], block_bases=[], shape=[ROWS, 4, 4])
-    else:
-        wl: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]],
-            lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-            warp_bases=[[16, 0, 0], [32, 0, 0], [64, 0, 0], [128, 0, 0]], block_bases=[], shape=[ROWS, 4, 4])
+    wl: gl.constexpr = _word_layout(WG)
     al: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [NW, 1], [1, 0])           # [BLOCK_T, 128] e4m3 copies
     b_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     row_l: gl.constexpr = gl.SliceLayout(1, mma)
@@ -135,13 +141,8 @@ def w4a8_rs_kernel(
     arow = pair // A_ROW_DIV
 
     # a tile row's weight column (module doc), in the word layout and in the accumulator's row layout
-    rw = gl.arange(0, ROWS, layout=gl.SliceLayout(1, gl.SliceLayout(2, wl)))
-    if GATED:
-        out_w = pid_n * COLS + (rw // 16) * 8 + rw % 8
-        col_w = gl.where(out_w < N, out_w, 0) + ((rw // 8) % 2) * up_offset
-    else:
-        out_w = pid_n * COLS + rw
-        col_w = gl.where(out_w < N, out_w, 0)
+    col_w = _columns(gl.arange(0, ROWS, layout=gl.SliceLayout(1, gl.SliceLayout(2, wl))), pid_n, N, up_offset,
+                     COLS, GATED)
     tile_words = KB * 128
     t_w = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, wl)))
     s_w = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, wl)))
@@ -167,12 +168,7 @@ def w4a8_rs_kernel(
     r_smem = r_all._reinterpret(gl.float32, [KB_MAX, BLOCK_T], gl.SwizzledSharedLayout(1, 1, 1, [0]))  # rows
     # the tile rows' group scales likewise: a global load in the step itself waited ~L2 latency
     s_all = gl.allocate_shared_memory(gl.bfloat16, [KB_MAX, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    rr_s = gl.arange(0, ROWS, layout=gl.SliceLayout(0, rl))
-    if GATED:
-        col_r = gl.where(pid_n * COLS + (rr_s // 16) * 8 + rr_s % 8 < N, pid_n * COLS + (rr_s // 16) * 8 + rr_s % 8, 0)
-        col_r = col_r + ((rr_s // 8) % 2) * up_offset
-    else:
-        col_r = gl.where(pid_n * COLS + rr_s < N, pid_n * COLS + rr_s, 0)
+    col_r = _columns(gl.arange(0, ROWS, layout=gl.SliceLayout(0, rl)), pid_n, N, up_offset, COLS, GATED)
     s_all.store(gl.load(s_ptr + e64 * stride_se + kb_r[:, None] * stride_sk + col_r[None, :],
                         mask=(kb_r < KB)[:, None], other=0.0))
     s_smem = s_all._reinterpret(gl.bfloat16, [KB_MAX, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
