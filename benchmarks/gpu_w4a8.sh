@@ -1,36 +1,36 @@
-# W4A8 prefill MoE on the GPU machine, from a copy of the worktree holding sglang_py.tgz (SGLang 0.5.23's
-# Python files), whl/ (its small dependencies) and stubs/ (IPython, sgl_kernel stand-ins):
-#   TESTS=1 BENCH="--check --tokens 4096 --shapes glm52" bash benchmarks/gpu_w4a8.sh
-# The CUDA lane kernel (kq's W4A16 path on Hopper) builds in the background from the start; its log is
-# $OUT/lanes_build.log. Results: $OUT/pytest_w4a8.log, $OUT/w4a8.jsonl, $OUT/gpu.txt.
-set -o pipefail
-OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TORCH_EXTENSIONS_DIR=/tmp/kq_ext
-T0=$(date +%s)
-if [ ! -d /tmp/site/sglang ]; then
-  mkdir -p /tmp/site && tar xzf sglang_py.tgz -C /tmp/site
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site whl/*.whl
-fi
-export PYTHONPATH=/tmp/site:$PWD/stubs:$PWD
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.limit,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
-if [ -n "$LANES" ]; then
-  (python3 -c "from kq.kernels.cuda_lanes import build; build(); print('built')" > "$OUT/lanes_build.log" 2>&1 &)
-fi
-if [ -n "$TESTS" ]; then
-  timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -m gpu ${TESTS_ARGS:-tests/gpu/test_w4a8_gpu.py} \
-    > "$OUT/pytest_w4a8.log" 2>&1
-  tail -1 "$OUT/pytest_w4a8.log"; grep -E "FAILED|Error" "$OUT/pytest_w4a8.log" | head -5
+#!/usr/bin/env bash
+# The W4A8 prefill MoE's table of record on one H200, one call: `bash benchmarks/gpu_w4a8.sh`.
+#  - the W4A8 GPU tests (not with SKIP_TESTS=1) and moe_align at prefill sizes (benchmarks/moe_align_check.py);
+#  - `w4a8_bench.py --check` at GLM-5.2 2048 and 4096 tokens, every variant, burst and sustained rows;
+#  - GLM-5.2 at 16384 and Kimi K2 at 4096 with kq W4A8, SGLang's FP8 MoE and kq's W4A16 Triton kernel only
+#    (the lane kernel takes too long there for one call);
+#  - the table (w4a8_table.py) of all rows.
+# SWEEP=1 replaces the whole-MoE runs with the stage sweeps (`--sweep`, GLM-5.2 at 2048/4096/16384).
+# carry: .whl-slim .gpu        results: $OUT/w4a8/{pytest_w4a8.log, moe_align_check.log, w4a8.jsonl, gpu.txt}
+# Budget: about 370 s with the tests; each bench step has its own timeout (rows are written as they come).
+source benchmarks/gpu_common.sh w4a8
+export KQ_COMMIT=${KQ_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}
+if [ -z "$SKIP_TESTS" ]; then
+  timeout "${TEST_TIMEOUT:-100}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_w4a8_gpu.py \
+    > "$R/pytest_w4a8.log" 2>&1
+  tail -1 "$R/pytest_w4a8.log"; grep -E "^FAILED|^E  " "$R/pytest_w4a8.log" | head -8
+  timeout 40 python3 benchmarks/moe_align_check.py 2>&1 | tee "$R/moe_align_check.log" | tail -3
   echo "tests done after $(( $(date +%s) - T0 )) s"
 fi
-if [ -n "$LANES" ]; then
-  for _ in $(seq 1 "${LANES_WAIT:-60}"); do grep -q built "$OUT/lanes_build.log" 2>/dev/null && break; sleep 2; done
-  echo "lanes build: $(tail -1 "$OUT/lanes_build.log") after $(( $(date +%s) - T0 )) s"
+if [ -n "$SWEEP" ]; then
+  timeout 330 python3 benchmarks/w4a8_bench.py --sweep --tokens 2048,4096,16384 --shapes glm52 \
+    --variants kq_w4a8,sgl_fp8 --out "$R" > "$R/bench.log" 2>&1
+  echo "sweep rc $? after $(( $(date +%s) - T0 )) s"
+else
+  timeout 170 python3 benchmarks/w4a8_bench.py --check --tokens 2048,4096 --shapes glm52 --sustained 1.0 \
+    --out "$R" > "$R/bench.log" 2>&1
+  echo "bench rc $? after $(( $(date +%s) - T0 )) s"
+  for s in "glm52 16384" "kimi 4096"; do
+    set -- $s
+    timeout 75 python3 benchmarks/w4a8_bench.py --tokens "$2" --shapes "$1" --variants kq_w4a8,sgl_fp8,kq_w4a16_tiles \
+      --sustained 1.0 --out "$R" >> "$R/bench.log" 2>&1
+    echo "$1 $2 rc $? after $(( $(date +%s) - T0 )) s"
+  done
 fi
-timeout "${BENCH_TIMEOUT:-330}" python3 benchmarks/w4a8_bench.py $BENCH --out "$OUT" > "$OUT/bench.log" 2>&1
-echo "bench rc $? after $(( $(date +%s) - T0 )) s"
-if [ -n "$BENCH2" ]; then     # a second run into the same rows (e.g. the crossover sizes)
-  timeout "${BENCH2_TIMEOUT:-120}" python3 benchmarks/w4a8_bench.py $BENCH2 --out "$OUT" > "$OUT/bench2.log" 2>&1
-  echo "bench2 rc $? after $(( $(date +%s) - T0 )) s"
-fi
-python3 benchmarks/w4a8_table.py "$OUT/w4a8.jsonl" 2>&1 | tail -40
-grep -v '^{' "$OUT/bench.log" | tail -8
+grep '"check"' "$R/w4a8.jsonl" | cut -c1-200
+python3 benchmarks/w4a8_table.py "$R/w4a8.jsonl" 2>&1 | tail -30
