@@ -175,17 +175,14 @@ def check(gen):
     tw = torch.rand(t, k, device=DEV, generator=gen)
     ref = w4a8.reference(x, pp, tw, ti).double()
     C = w4a8.W4A8Config
-    for cvt in (0, 1, 2):       # the Triton kernel (w4a8_kernel.py) at its own tiles
-        for cfgs in ((C(64, 64, 4, 4, maxnreg=168), C(64, 128, 4, 3, maxnreg=168)), (C(128, 64, 8, 4), C(128, 128, 8, 3))):
-            cfgs = tuple(C(c.block_m, c.block_n, c.num_warps, c.num_stages, cvt, c.maxnreg) for c in cfgs)
-            out = w4a8.fused_moe_w4a8(x, pp, tw, ti, config=cfgs).double()
-            err = ((out - ref).norm() / ref.norm()).item()
-            log({"check": "kq_w4a8_vs_reference", "cvt": cvt, "cfg": str(cfgs), "rel_err": err,
-                 "finite": bool(torch.isfinite(out).all())})
-    for cfgs in RS_CHECK:
+    triton_tiles = ((C(64, 64, 4, 4, maxnreg=168), C(64, 128, 4, 3, maxnreg=168)), (C(128, 64, 8, 4), C(128, 128, 8, 3)))
+    # the Triton kernel (w4a8_kernel.py) at its own tiles with conversions 0-2, then the register-operand kernel's
+    checked = [tuple(C(c.block_m, c.block_n, c.num_warps, c.num_stages, cvt, c.maxnreg) for c in cfgs)
+               for cvt in (0, 1, 2) for cfgs in triton_tiles] + RS_CHECK
+    for cfgs in checked:
         out = w4a8.fused_moe_w4a8(x, pp, tw, ti, config=cfgs).double()
         err = ((out - ref).norm() / ref.norm()).item()
-        log({"check": "kq_w4a8_vs_reference", "cvt": 3, "cfg": str(cfgs), "rel_err": err,
+        log({"check": "kq_w4a8_vs_reference", "cvt": cfgs[0].cvt, "cfg": str(cfgs), "rel_err": err,
              "finite": bool(torch.isfinite(out).all())})
     xq, xs, _ = w4a8.quantize_rows(x)
     cq, cs, _ = w4a8.quantize_rows(x.cpu())

@@ -161,28 +161,27 @@ def fused_moe_w4a8(x: torch.Tensor, pp: PrepackedMoE, topk_weights: torch.Tensor
 def _launch(aq, q, s, out, routing, n, a_row_div, gated, up_offset, cfg: W4A8Config):
     import triton
 
-    from .w4a8_kernel import w4a8_moe_kernel
     a, a_s, r = aq
     if (r is not None) != (cfg.cvt >= 2):
         raise ValueError(f"w4a8: activations quantised for another conversion than cvt {cfg.cvt}")
     r = r if r is not None else a_s.view(-1, 1)
     kb = q.shape[2]
+    grid = (triton.cdiv(n, cfg.block_n), routing[1].numel())
+    args = (a, a.stride(0), a_s, r, r.stride(0), q, q.stride(0), s, s.stride(0), s.stride(1), out, out.stride(0),
+            *routing, n, kb, up_offset)
+    opts = {"num_warps": cfg.num_warps, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})}
     if cfg.cvt == 3:
         wg = cfg.num_warps // 4
         if cfg.num_warps not in (4, 8, 16) or cfg.block_n != (32 if gated else 64) * wg:
             raise ValueError(f"w4a8: the register-operand kernel takes 4, 8 or 16 warps and {32 if gated else 64} "
                              f"output columns per warpgroup, got {cfg}")
         from .w4a8_rs import w4a8_rs_kernel
-        w4a8_rs_kernel[(triton.cdiv(n, cfg.block_n), routing[1].numel())](
-            a, a.stride(0), a_s, r, r.stride(0), q, q.stride(0), s, s.stride(0), s.stride(1), out, out.stride(0),
-            *routing, n, kb, up_offset, A_ROW_DIV=a_row_div, GATED=gated, BLOCK_T=cfg.block_m, WG=wg,
-            STAGES=cfg.num_stages, KB_MAX=triton.next_power_of_2(kb), num_warps=cfg.num_warps,
-            **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
-        return
-    w4a8_moe_kernel[(triton.cdiv(n, cfg.block_n), routing[1].numel())](
-        a, a.stride(0), a_s, r, r.stride(0), q, q.stride(0), s, s.stride(0), s.stride(1), out, out.stride(0),
-        *routing, n, kb, up_offset, A_ROW_DIV=a_row_div, GATED=gated, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        CVT=cfg.cvt, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
+        w4a8_rs_kernel[grid](*args, A_ROW_DIV=a_row_div, GATED=gated, BLOCK_T=cfg.block_m, WG=wg,
+                             STAGES=cfg.num_stages, KB_MAX=triton.next_power_of_2(kb), **opts)
+    else:
+        from .w4a8_kernel import w4a8_moe_kernel
+        w4a8_moe_kernel[grid](*args, A_ROW_DIV=a_row_div, GATED=gated, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                              CVT=cfg.cvt, num_stages=cfg.num_stages, **opts)
 
 
 def gate_up(xq, pp: PrepackedMoE, s13, routing, top_k: int, cfg: W4A8Config) -> torch.Tensor:

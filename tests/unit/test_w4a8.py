@@ -211,3 +211,18 @@ def test_a_stage_refuses_activations_quantised_for_another_conversion(quantised_
     routing = tuple(torch.zeros(1, dtype=torch.int32) for _ in range(4))
     with pytest.raises(ValueError, match=f"another conversion than cvt {cfg_cvt}"):
         w4a8.gate_up(xq, pp, w4a8.block_scales(pp)[0], routing, 1, w4a8.W4A8Config(64, 64, 4, 4, cfg_cvt))
+
+
+@pytest.mark.parametrize("gated,cfg", [(True, w4a8.W4A8Config(64, 64, 4, 4, 3)), (False, w4a8.W4A8Config(64, 32, 4, 4, 3)),
+                                       (True, w4a8.W4A8Config(64, 96, 12, 4, 3))])
+def test_register_operand_kernel_refuses_tiles_it_has_no_layout_for(gated, cfg):
+    """w4a8_rs.py runs 4, 8 or 16 warps with 32 (gate+up) or 64 (down) output columns per warpgroup:
+    another tile is one clear error before any launch."""
+    pp = _moe(2, 256, 128, 5)
+    routing = tuple(torch.zeros(1, dtype=torch.int32) for _ in range(4))
+    sc13, sc2 = w4a8.block_scales(pp)
+    with pytest.raises(ValueError, match="register-operand kernel takes 4, 8 or 16 warps"):
+        if gated:
+            w4a8.gate_up(w4a8.quantize_rows(torch.randn(3, 256).to(torch.bfloat16), 3), pp, sc13, routing, 1, cfg)
+        else:
+            w4a8.down(w4a8.quantize_rows(torch.randn(3, 128).to(torch.bfloat16), 3), pp, sc2, routing, cfg)
