@@ -56,12 +56,12 @@ def configs(pairs: int, num_experts: int) -> tuple[W4A8Config, W4A8Config]:
     (benchmarks/w4a8_bench.py --sweep, GLM-5.2 at 2048, 4096 and 16384 tokens; rows in
     benchmarks/results/h200/w4a8_rs_sweeps_*.jsonl): routed blocks of 64 rows in both stages (one routing
     table; 32-row blocks were faster for down alone at 4096 tokens but a second table cost more than they
-    saved); gate+up on two warpgroups (64 outputs, 128 weight rows), down on four (256 columns) up to
-    ~256 pairs an expert, two (128) with a two-slot ring past it (16384 tokens: 512 an expert).
-    Against the Triton kernel (cvt 2, w4a8_kernel.py): gate+up 0.77x its time, down 0.90x at 4096 tokens."""
+    saved); down on four warpgroups (256 columns) with a four-slot ring; gate+up likewise (128 outputs)
+    up to ~256 pairs an expert, on two warpgroups (64) with three slots past it (at 16384 tokens, 512 an
+    expert: 0.96x the four-warpgroup time; at 4096, 1.08x)."""
     if pairs >= 256 * num_experts:
-        return W4A8Config(64, 64, 8, 2, 3), W4A8Config(64, 128, 8, 2, 3)
-    return W4A8Config(64, 64, 8, 3, 3), W4A8Config(64, 256, 16, 3, 3)
+        return W4A8Config(64, 64, 8, 3, 3), W4A8Config(64, 256, 16, 4, 3)
+    return W4A8Config(64, 128, 16, 4, 3), W4A8Config(64, 256, 16, 4, 3)
 
 
 def _check(pp: PrepackedMoE) -> None:
@@ -177,7 +177,7 @@ def _launch(aq, q, s, out, routing, n, a_row_div, gated, up_offset, cfg: W4A8Con
                              f"output columns per warpgroup, got {cfg}")
         from .w4a8_rs import w4a8_rs_kernel
         w4a8_rs_kernel[grid](*args, A_ROW_DIV=a_row_div, GATED=gated, BLOCK_T=cfg.block_m, WG=wg,
-                             STAGES=cfg.num_stages, KB_MAX=triton.next_power_of_2(kb), **opts)
+                             STAGES=cfg.num_stages, KB_MAX=max(16, triton.next_power_of_2(kb)), **opts)
     else:
         from .w4a8_kernel import w4a8_moe_kernel
         w4a8_moe_kernel[grid](*args, A_ROW_DIV=a_row_div, GATED=gated, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,

@@ -2,8 +2,9 @@
 Triton's own ptxas, its machine code read back. What the kernel exists for is where the weights go, so
 the test pins it: in the K loop every FP8 wgmma takes its A operand from registers (QGMMA R, R, gdesc),
 nothing is stored to shared memory by a thread (only cp.async copies fill it), the conversion from the
-lane words is the two masks (no byte permutes, no shuffles); with two wgmma in flight the waits leave one
-outstanding; one in flight fits three programs a multiprocessor without spilling.
+lane words is the two masks (no byte permutes, no shuffles); the step is one FFMA an accumulator element (the
+offset's correction comes after the loop) and one barrier a block; two 8-warp programs fit a multiprocessor
+without spilling.
 The kernel's numbers are checked on a Hopper GPU (tests/gpu/test_w4a8_gpu.py).
 
 The compile runs in a child process: on a machine without a GPU the test session loads Triton under its
@@ -78,16 +79,20 @@ def test_weights_reach_the_fp8_wgmma_from_registers(tmp_path, gated, wg, block_t
     sass, res = _sass(tmp_path, gated, wg, block_t)
     assert "STACK:0" in res, res                                    # no spills
     body = _loop(sass)
+    stages = 3                                                      # the loop is unrolled by the ring's slots
     mma = [t for t in body if re.search(r"\bQGMMA\b", t)]
-    assert len(mma) == 4                                            # K = 128 per block: four k32 wgmma
+    assert len(mma) == 4 * stages                                   # K = 128 per block: four k32 wgmma
     assert all(re.search(rf"QGMMA\.64x{block_t}x32\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc", t) for t in mma), mma
     assert not [t for t in body if re.match(r"(@!?P\w+ )?STS\b", t)]           # no shared-memory round trip
     assert not [t for t in body if re.search(r"\b(SHFL|I2F|F2F)\b", t)]         # masks only, no exchanges
     assert not [t for t in body if re.match(r"(@!?P\w+ )?LDG\b", t)]           # no global load into registers
-    assert len([t for t in body if "WARPGROUP.DEPBAR" in t]) == 1
-    # two 8-warp programs a multiprocessor at 64 rows, three at 32
-    assert int(re.search(r"REG:(\d+)", res).group(1)) <= (128 if block_t == 64 else 85), res
-
+    assert len([t for t in body if "WARPGROUP.DEPBAR" in t]) == stages
+    assert len([t for t in body if "BAR.SYNC" in t]) == stages                  # one barrier a block
+    assert not [t for t in body if re.match(r"(@!?P\w+ )?FADD\b", t)]          # the offset is not taken off here
+    # the rescale: one FFMA per accumulator element (64 x block_t over 128 threads) a block
+    assert len([t for t in body if re.match(r"(@!?P\w+ )?FFMA\b", t)]) == stages * block_t // 2
+    # two 8-warp programs a multiprocessor (three of one warpgroup)
+    assert int(re.search(r"REG:(\d+)", res).group(1)) <= (128 if wg > 1 else 168), res
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
