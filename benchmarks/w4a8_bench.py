@@ -41,11 +41,13 @@ from kq.kernels import w4a8  # noqa: E402
 from kq.kernels.layout import PrepackedMoE  # noqa: E402
 
 DEV = "cuda"
+T0 = time.time()
 SHAPES = {"glm52": (256, 6144, 2048), "kimi": (384, 7168, 2048)}    # E, H, I (full experts, no TP)
 OUT = None
 
 
 def log(row):
+    row = {**row, "elapsed_s": round(time.time() - T0, 1)}      # where a timed-out step spent its time
     print(json.dumps(row), flush=True)
     if OUT:
         with open(os.path.join(OUT, "w4a8.jsonl"), "a") as f:
@@ -74,16 +76,32 @@ def tiles_moe(e, h, i, gen):
 
 # ---------------------------------------------------------------- SGLang's FP8 block MoE, as its engine runs it
 
+_SGL_WEIGHTS: dict = {}
+
+
+def sgl_fp8_weights(e, h, i, gen):
+    """Random FP8 block-128 experts (w1 [E, 2I, H], w2 [E, H, I] e4m3, their block scales), made an expert at a
+    time (a whole-tensor fp32 randn of Kimi K2's w1 is 45 GB) and shared by both SGLang variants of a case."""
+    if (e, h, i) not in _SGL_WEIGHTS:
+        def fp8(n, k):
+            w = torch.empty(e, n, k, device=DEV, dtype=torch.float8_e4m3fn)
+            for j in range(e):
+                w[j] = (torch.randn(n, k, device=DEV, generator=gen) * 0.02).to(torch.float8_e4m3fn)
+            return w
+        _SGL_WEIGHTS.clear()
+        _SGL_WEIGHTS[(e, h, i)] = (fp8(2 * i, h), fp8(h, i),
+                                   torch.rand(e, 2 * i // 128, h // 128, device=DEV, generator=gen) * 1e-3 + 1e-4,
+                                   torch.rand(e, h // 128, i // 128, device=DEV, generator=gen) * 1e-3 + 1e-4)
+    return _SGL_WEIGHTS[(e, h, i)]
+
+
 def sgl_fp8_fns(e, h, i, x, tis, tws, gen, gemms_only):
     import triton.language as tl
     from sglang.kernels.ops.moe.fused_moe_triton_kernels import invoke_fused_moe_kernel
     from sglang.kernels.ops.quantization.fp8_kernel import _per_token_group_quant_8bit_raw as quant
     from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config import try_get_optimal_moe_config
 
-    w1 = (torch.randn(e, 2 * i, h, device=DEV, generator=gen) * 0.02).to(torch.float8_e4m3fn)
-    w2 = (torch.randn(e, h, i, device=DEV, generator=gen) * 0.02).to(torch.float8_e4m3fn)
-    s1 = torch.rand(e, 2 * i // 128, h // 128, device=DEV, generator=gen) * 1e-3 + 1e-4
-    s2 = torch.rand(e, h // 128, i // 128, device=DEV, generator=gen) * 1e-3 + 1e-4
+    w1, w2, s1, s2 = sgl_fp8_weights(e, h, i, gen)
     t, k = tis[0].shape
     try:
         cfg, (dcfg, _) = try_get_optimal_moe_config(w1.shape, w2.shape, k, "fp8_w8a8", t, block_shape=[128, 128],
@@ -241,6 +259,7 @@ def case(name, t, k, gen, variants, sustained, sweep):
             log({**base, "kind": v, "mode": "sustained", "us": round(us, 1), "tflops": round(flops / us / 1e6, 1),
                  **info.get(v, {})})
     del fns
+    _SGL_WEIGHTS.clear()
     torch.cuda.empty_cache()
 
 
