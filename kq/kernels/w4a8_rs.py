@@ -31,7 +31,7 @@ analysis see that the slot being refilled is not the one being read: one barrier
 tile's group scales are staged in shared memory once. No global load into a register is left in the K
 loop: on an H200 the words loaded straight into registers two blocks ahead cost 1.13-1.29x, a scale
 loaded in the step up to 1.35x (benchmarks/results/h200/w4a8_rs_sweeps_*.jsonl). The rescale moved out
-of the step and the single barrier took the two stages to 0.80-0.85x their time (GLM-5.2, 2048-16384 tokens).
+of the step and the single barrier took the two stages to 0.77-0.87x their time (GLM-5.2, 2048-16384 tokens).
 """
 import triton
 from triton.experimental import gluon
