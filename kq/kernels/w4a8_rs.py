@@ -97,6 +97,9 @@ def _issue(kb, j: gl.constexpr, w_ptrs, a_ptrs, b_smem, w_smem, zero, KB, dl: gl
     """Block kb's wgmma (ring slot j = kb % STAGES, a constant), issued async; the slot freed by block
     kb - 1 is refilled with block kb + STAGES - 1."""
     async_copy.wait_group(STAGES - 2)
+    # the barrier after this wait (every thread's copies of block kb landed, block kb - 1's wgmma done
+    # everywhere) is the one Triton's barrier analysis puts before the next shared access; an explicit
+    # gl.thread_barrier() here made two a block (the compile test pins one, right after the wait)
     w = w_smem[j].load(wl)
     ahead = gl.minimum(kb + STAGES - 1, KB - 1)
     async_copy.async_copy_global_to_shared(b_smem[(j + STAGES - 1) % STAGES], a_ptrs + ahead * 128)

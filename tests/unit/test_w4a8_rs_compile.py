@@ -87,7 +87,11 @@ def test_weights_reach_the_fp8_wgmma_from_registers(tmp_path, gated, wg, block_t
     assert not [t for t in body if re.search(r"\b(SHFL|I2F|F2F)\b", t)]         # masks only, no exchanges
     assert not [t for t in body if re.match(r"(@!?P\w+ )?LDG\b", t)]           # no global load into registers
     assert len([t for t in body if "WARPGROUP.DEPBAR" in t]) == stages
-    assert len([t for t in body if "BAR.SYNC" in t]) == stages                  # one barrier a block
+    bars = [i for i, t in enumerate(body) if "BAR.SYNC" in t]
+    assert len(bars) == stages                                                   # one barrier a block,
+    assert all(body[i - 1].startswith("DEPBAR.LE SB0") for i in bars), bars      # right after the copies' wait
+    first_copy = next(i for i, t in enumerate(body) if "LDGSTS" in t)
+    assert bars[0] < first_copy                 # and before a slot is refilled
     assert not [t for t in body if re.match(r"(@!?P\w+ )?FADD\b", t)]          # the offset is not taken off here
     # the rescale: one FFMA per accumulator element (64 x block_t over 128 threads) a block
     assert len([t for t in body if re.match(r"(@!?P\w+ )?FFMA\b", t)]) == stages * block_t // 2
