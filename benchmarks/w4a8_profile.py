@@ -30,7 +30,7 @@ def main():
     t, k = a.tokens, 8
     pp = wb.lane_moe(e, h, i, gen)
     sc = w4a8.block_scales(pp)
-    ti = torch.stack([torch.randperm(e, device="cuda", generator=gen)[:k] for _ in range(t)]).to(torch.int32)
+    ti = wb.bk.routings(e, t, k, 1)[0]
     tw = torch.rand(t, k, device="cuda", generator=gen)
     x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16, generator=gen)
     sgl, _ = wb.sgl_fp8_fns(e, h, i, x, [ti], [tw], gen, False)

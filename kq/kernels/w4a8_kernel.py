@@ -1,7 +1,8 @@
 """Triton kernels of the W4A8 prefill MoE: INT4 expert weights (lane layout, group 128) times FP8 e4m3
 activations on Hopper's FP8 tensor cores (wgmma), fp32 accumulation. The GEMM here (conversions 0-2) is
-no longer the default: w4a8_rs.py (conversion 3) takes the weights as wgmma's register operand and ran
-its stages 0.77-0.90x this kernel's time on an H200; the quantisation kernel serves both.
+no longer the default: w4a8_rs.py (conversion 3) takes the weights as wgmma's register operand and runs
+its stages in 0.60-0.78x this kernel's time on an H200 (GLM-5.2, 2048-16384 tokens; w4a8_rs_sweeps_37460b8_bab47a9
+.jsonl); the quantisation kernel serves both.
 
 INT4 codes -8..7 are exact in e4m3, so a weight tile is converted to e4m3 in registers and multiplied as
 is; the group scale (group = one 128-input block = one K step) multiplies each block's fp32 partial

@@ -98,6 +98,7 @@ def test_weights_reach_the_fp8_wgmma_from_registers(tmp_path, gated, wg, block_t
     # two 8-warp programs a multiprocessor (three of one warpgroup)
     assert int(re.search(r"REG:(\d+)", res).group(1)) <= (128 if wg > 1 else 168), res
 
+
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     g, w, bt, out = json.loads(sys.argv[1])
