@@ -17,7 +17,8 @@ from .gemm_kernel import dequant_kernel, dequant_lane_kernel, splitk_reduce_kern
 from .swap_kernel import w4a16_swap_kernel
 from .layout import PACK_K, PrepackedLinear, PrepackedMoE
 from .moe_combine import combine_topk_kernel
-from .moe_routing import decode_size, max_blocks, moe_align_kernel
+from .moe_routing import (decode_size, max_blocks, moe_align_kernel, moe_chunk_blocks_kernel, moe_chunk_count_kernel,
+                          moe_chunk_scatter_kernel)
 
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -232,6 +233,11 @@ def w4a16_linear(x: torch.Tensor, w: PrepackedLinear, *, config: TileConfig | No
     return out.reshape(*x.shape[:-1], n)
 
 
+# From this many routed pairs moe_align counts, sorts and scatters chunks instead of running one program an expert
+# over all pairs (whose cost grows as E x P: ~370 us of kq's W4A8 MoE at GLM-5.2 16384 tokens, H200 profile)
+SORTED_ALIGN_MIN_PAIRS = 8192
+
+
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, expert_map: torch.Tensor | None = None):
     """Device-side routing table (see moe_routing.py): (pairs, blk_expert, blk_start, blk_count)."""
     ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
@@ -243,13 +249,26 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, expert_map
     blk_s = torch.empty(nb, dtype=torch.int32, device=dev)
     blk_c = torch.empty(nb, dtype=torch.int32, device=dev)
     emap = expert_map.to(device=dev, dtype=torch.int32).contiguous() if expert_map is not None else ids
-    # every program reads all pairs twice, CHUNK a step: prefill-sized routings take larger steps (at
-    # 131072 pairs the 256-pair steps took ~1 ms, about the whole of kq's W4A8 MoE past its two GEMMs)
-    chunk = 256 if p < 8192 else 2048
-    moe_align_kernel[(num_experts + 1,)](
-        ids, emap, p, num_experts, nb, pairs, blk_e, blk_s, blk_c,
-        HAS_MAP=expert_map is not None, E_PAD=triton.next_power_of_2(num_experts + 1),
-        CHUNK=chunk, BLOCK_M=block_m, num_warps=4 if chunk == 256 else 8)
+    e_pad = triton.next_power_of_2(num_experts + 1)
+    if p < SORTED_ALIGN_MIN_PAIRS:
+        # every program reads all pairs twice, 256 a step (2048 from 8192 pairs, where a raised
+        # SORTED_ALIGN_MIN_PAIRS sends prefill sizes: benchmarks/moe_align_check.py times both)
+        chunk = 256 if p < 8192 else 2048
+        moe_align_kernel[(num_experts + 1,)](
+            ids, emap, p, num_experts, nb, pairs, blk_e, blk_s, blk_c,
+            HAS_MAP=expert_map is not None, E_PAD=e_pad, CHUNK=chunk, BLOCK_M=block_m,
+            num_warps=4 if chunk == 256 else 8)
+        return pairs, blk_e, blk_s, blk_c
+    # prefill sizes: chunks counted, sorted and scattered (moe_routing.py), O(P) work in three launches
+    chunk = 1024
+    n_chunks = triton.cdiv(p, chunk)
+    counts = torch.empty(n_chunks, e_pad, dtype=torch.int32, device=dev)
+    has_map = expert_map is not None
+    moe_chunk_count_kernel[(n_chunks,)](ids, emap, p, counts, HAS_MAP=has_map, E_PAD=e_pad, CHUNK=chunk, num_warps=4)
+    moe_chunk_scatter_kernel[(n_chunks,)](ids, emap, p, counts, n_chunks, pairs, HAS_MAP=has_map, E_PAD=e_pad,
+                                          CHUNK=chunk, num_warps=8)
+    moe_chunk_blocks_kernel[(num_experts + 1,)](counts, n_chunks, num_experts, nb, blk_e, blk_s, blk_c,
+                                                E_PAD=e_pad, CHUNK=256, BLOCK_M=block_m, num_warps=4)
     return pairs, blk_e, blk_s, blk_c
 
 

@@ -206,6 +206,30 @@ def test_routing_table_of_a_prefill_sized_batch():
     _check_routing(ids.clamp(max=15), None, 16, 32)
 
 
+@pytest.mark.parametrize("e,t", [(15, 1100), (16, 1030)])
+def test_sorted_routing_table_is_the_per_expert_one(e, t, monkeypatch):
+    """From SORTED_ALIGN_MIN_PAIRS pairs moe_align counts, sorts and scatters 1024-pair chunks: the same
+    table, bit for bit, as the one program an expert below it (pairs of an expert in increasing order,
+    i.e. a stable sort of the local ids), with an expert map, a -1 id and E + 1 a power of two or not."""
+    gen = torch.Generator().manual_seed(e)
+    ids = torch.stack([torch.randperm(e + 4, generator=gen)[:8] for _ in range(t)]).to(torch.int32)
+    ids[3, 1] = -1
+    emap = torch.full((e + 4,), -1, dtype=torch.int32)
+    emap[3:3 + e] = torch.randperm(e, generator=gen).to(torch.int32)
+    assert ids.numel() >= ops.SORTED_ALIGN_MIN_PAIRS
+    got = ops.moe_align(ids, e, 64, emap)
+    monkeypatch.setattr(ops, "SORTED_ALIGN_MIN_PAIRS", 10 ** 9)
+    want = ops.moe_align(ids, e, 64, emap)
+    local = reference.local_expert_ids(ids, emap).flatten()
+    n = int((local >= 0).sum())
+    used = want[1] >= 0                        # (the rest of pairs and of the unused blocks is never read)
+    assert torch.equal(got[0][:n], want[0][:n]) and torch.equal(got[1], want[1])
+    assert torch.equal(got[2][used], want[2][used]) and torch.equal(got[3][used], want[3][used])
+    order = torch.argsort(torch.where(local >= 0, local, e), stable=True)[:n]
+    assert torch.equal(got[0][:n], order.to(torch.int32))
+    _check_routing(ids, emap, e, 64)
+
+
 def test_routing_table_covers_each_local_pair_once():
     ids = torch.tensor([[0, 3, 5], [3, 1, 0], [1, 0, 3], [5, 3, 1], [0, 1, 3]], dtype=torch.int32)
     blk_e = _check_routing(ids, None, 6, 2)
