@@ -136,6 +136,7 @@ MOE_CASES = [  # E, H, I, T, k, group, use_map
     (8, 768, 192, 5, 2, 64, False),        # I not a multiple of 128: K of the down projection padded
     (32, 256, 512, 300, 4, 32, True),      # prefill-style tiles (many tokens per expert)
     (160, 5120, 192, 16, 8, 32, False),    # GLM-4.7 TP8 slice
+    (32, 256, 128, 1100, 8, 64, True),     # 8800 pairs: moe_align's chunked path (SORTED_ALIGN_MIN_PAIRS)
 ]
 
 

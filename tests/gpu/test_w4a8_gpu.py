@@ -49,6 +49,7 @@ CASES = [  # E, H, I, T, k, cfg family (small: the Triton kernel's tiles, large:
     (32, 1024, 384, 300, 8, "rswg4", 3), (4, 768, 640, 130, 3, "rs32", 3), (4, 2304, 640, 130, 3, "rswg2", 3),
     (4, 768, 256, 600, 3, "rswg4", 3), (16, 512, 256, 77, 4, "rs32", 3),
     (32, 1024, 384, 300, 8, "default", 3), (4, 768, 256, 600, 3, "default", 3),    # both branches of configs()
+    (16, 512, 256, 1100, 8, "default", 3),     # 8800 pairs: moe_align's chunked path (SORTED_ALIGN_MIN_PAIRS)
 ]
 RS = {"rs": ((64, 32, 4, 4), (64, 64, 4, 3)), "rswg2": ((64, 64, 8, 3), (64, 128, 8, 3)),
       "rswg4": ((64, 128, 16, 3), (64, 256, 16, 3)), "rs32": ((32, 64, 8, 3), (32, 128, 8, 4))}
