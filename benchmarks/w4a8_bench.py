@@ -143,7 +143,12 @@ def sgl_fp8_fns(e, h, i, x, tis, tws, gen, gemms_only):
 # ---------------------------------------------------------------- timing
 
 def sustained_us(fns, seconds):
-    """Back-to-back graph replays for `seconds`; mean µs per call over the second half."""
+    """Back-to-back graph replays for `seconds` of GPU time; mean µs per call over the second half.
+
+    At most two replays wait ahead of the GPU (each waits on the event of the one two before it). With an
+    unbounded queue the CPU enqueued for seconds / 2 about a thousand replays, which the GPU then ran for up
+    to 40 s before the timed half, as long again: 62efaa9's sustained rows were after that heat, and their
+    steps ran past the device's call limits."""
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for f in fns:
@@ -151,14 +156,18 @@ def sustained_us(fns, seconds):
     g.replay()
     torch.cuda.synchronize()
     t0 = time.time()
-    n = 0
+    n, queued = 0, []
     while time.time() - t0 < seconds / 2:
         g.replay()
+        ev = torch.cuda.Event()
+        ev.record()
+        queued.append(ev)
+        if len(queued) > 2:
+            queued.pop(0).synchronize()
         n += 1
-    torch.cuda.synchronize()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     reps = max(2, n)
-    a.record()
+    a.record()        # queued behind the heat's last replays: no idle gap before the timed half
     for _ in range(reps):
         g.replay()
     b.record()
