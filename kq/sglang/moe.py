@@ -42,7 +42,7 @@ def w4a8_min_tokens() -> int:
 
 # H200, GLM-5.2 experts, top-8 (benchmarks/results/h200/w4a8_call3_d34df76.jsonl): W4A8 against the W4A16 lane
 # kernel 0.40x at 256 tokens, 0.81x at 512, 1.71x at 1024, 2.3-2.8x at 2048-4096 (the Triton W4A8 kernel; the
-# register-operand kernel that replaced it is 3.6x the lane kernel at 2048 tokens (w4a8_b30f2df.jsonl), so the
+# register-operand kernel that replaced it is 3.7x the lane kernel at 2048 tokens (w4a8_62efaa9.jsonl), so the
 # crossover should have moved down: not re-measured)
 W4A8_MIN_TOKENS = 1024
 

@@ -3,6 +3,7 @@ printed block in it appears verbatim in the committed results (benchmarks/result
 `python -m benchmarks kernels --table` prints from the committed kernel rows; and it stays short."""
 import contextlib
 import io
+import json
 import re
 import sys
 
@@ -52,3 +53,27 @@ def test_benchmarks_md_is_short_and_speaks_of_the_product():
     assert len(text.splitlines()) < 250
     for word in ("lent", "session", r"call \d"):
         assert not re.search(rf"\b{word}\b", text, re.IGNORECASE), word
+
+
+def test_w4a8_table_pairs_burst_and_sustained(tmp_path, capsys):
+    rows = [{"case": "glm52", "tokens": 4096, "kind": "kq_w4a8", "mode": "burst", "round": 0, "us": 110.0},
+            {"case": "glm52", "tokens": 4096, "kind": "kq_w4a8", "mode": "burst", "round": 1, "us": 100.0},
+            {"case": "glm52", "tokens": 4096, "kind": "sgl_fp8", "mode": "burst", "round": 0, "us": 123.0},
+            {"case": "glm52", "tokens": 4096, "kind": "kq_w4a8", "mode": "sustained", "us": 200.0},
+            {"case": "glm52", "tokens": 4096, "kind": "sgl_fp8", "mode": "sustained", "us": 250.0},
+            {"case": "kimi", "tokens": 2048, "kind": "kq_w4a8", "mode": "burst", "round": 0, "us": 50.0}]
+    path = tmp_path / "w4a8.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import w4a8_table
+        w4a8_table.main(["--paired", str(path)])
+        paired = capsys.readouterr().out.splitlines()
+        w4a8_table.main([str(path)])
+        flat = capsys.readouterr().out.splitlines()
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    # best of the rounds; each cell burst / sustained; a size measured in one mode only gets one value
+    assert "| glm52 | 4096 | 100 / 200 | 123 / 250 | 1.23x / 1.25x |" in paired
+    assert "| kimi | 2048 | 50 | - | - |" in paired
+    assert "| glm52 | 4096 | sustained | 200 | 250 | 1.25x |" in flat
