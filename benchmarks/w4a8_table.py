@@ -65,5 +65,6 @@ def _ratio(v, k):
     w = v.get("kq_w4a8")
     return f"{v[k] / w:.2f}x" if (w and k in v) else "-"
 
+
 if __name__ == "__main__":
     main(sys.argv[1:])
