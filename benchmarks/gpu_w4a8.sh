@@ -6,7 +6,7 @@
 #   PART=b bash benchmarks/gpu_w4a8.sh   GLM-5.2 at 16384 tokens and Kimi K2 at 2048, 4096 and 16384, with kq W4A8,
 #                                        SGLang's FP8 MoE and its GEMMs alone, kq's W4A16 Triton kernel.
 # (The lane kernel is kept to 2048 tokens: at prefill sizes it takes most of a call.) Burst and sustained rows
-# (1 s of back-to-back replay, then the mean of the next 1 s), then the table (w4a8_table.py) of the call's
+# (after 1 s of back-to-back replay), then the table (w4a8_table.py) of the call's
 # rows. SWEEP=1 runs the stage sweeps instead (`--sweep`, GLM-5.2 at 2048/4096/16384). Set
 # KQ_COMMIT: the device's git metadata can lag the tree it runs.
 # carry: .whl-slim .gpu        results: $OUT/w4a8/{pytest_w4a8.log, moe_align_check.log, w4a8.jsonl, bench.log, gpu.txt}
@@ -16,7 +16,7 @@ export KQ_COMMIT=${KQ_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '
 NO_LANE=kq_w4a8,sgl_fp8,sgl_fp8_gemms,kq_w4a16_tiles
 step() {   # timeout, then w4a8_bench.py's arguments
   local limit=$1; shift
-  timeout "$limit" python3 benchmarks/w4a8_bench.py --sustained 2.0 --out "$R" "$@" >> "$R/bench.log" 2>&1
+  timeout "$limit" python3 benchmarks/w4a8_bench.py --sustained 1.0 --out "$R" "$@" >> "$R/bench.log" 2>&1
   echo "$* rc $? after $(( $(date +%s) - T0 )) s"
 }
 if [ -n "$SWEEP" ]; then

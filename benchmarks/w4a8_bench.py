@@ -15,7 +15,7 @@ Full expert shapes, top-8, group 128, both MoE stages and everything between the
                  lane kernel);
   kq_w4a16_tiles the same op on the tiles layout (kq's Triton kernel).
 Burst rows: CUDA-graph replay of two routings, median of 15 replays, variants interleaved. Sustained rows
-(--sustained S): each variant replayed back to back for S seconds, the mean of the second half. --check:
+(--sustained S): each variant replayed back to back for S seconds, then the median of 15. --check:
 kq_w4a8 against the torch reference (kq.kernels.w4a8.reference, float64) on a GLM-5.2-shaped layer, the three
 conversions and both tile families. --sweep: tile configs of each W4A8 stage at each size. The floor:
 cuBLAS FP8 (torch._scaled_mm, per-tensor scales) 8192^3 in the same process. Rows go to DIR/w4a8.jsonl.
@@ -143,37 +143,15 @@ def sgl_fp8_fns(e, h, i, x, tis, tws, gen, gemms_only):
 # ---------------------------------------------------------------- timing
 
 def sustained_us(fns, seconds):
-    """Back-to-back graph replays for `seconds` of GPU time; mean µs per call over the second half.
-
-    At most two replays wait ahead of the GPU (each waits on the event of the one two before it). With an
-    unbounded queue the CPU enqueued for seconds / 2 about a thousand replays, which the GPU then ran for up
-    to 40 s before the timed half, as long again: 62efaa9's sustained rows were after that heat, and their
-    steps ran past the device's call limits."""
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
-    g.replay()
-    torch.cuda.synchronize()
-    t0 = time.time()
-    n, queued = 0, []
-    while time.time() - t0 < seconds / 2:
-        g.replay()
-        ev = torch.cuda.Event()
-        ev.record()
-        queued.append(ev)
-        if len(queued) > 2:
-            queued.pop(0).synchronize()
-        n += 1
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    reps = max(2, n)
-    a.record()        # queued behind the heat's last replays: no idle gap before the timed half
-    for _ in range(reps):
-        g.replay()
-    b.record()
-    torch.cuda.synchronize()
-    del g
-    return a.elapsed_time(b) * 1000 / reps / len(fns)
+    """bench_kernels.graph_us in its sustained state, as the kernel tables' sustained rows: `seconds` of
+    back-to-back replay (eight at a time, then a wait: the heat lasts what it is asked), then the median of
+    15 replays."""
+    saved = dict(bk.STATE)
+    bk.STATE.update(name="sustained", heat_s=seconds)
+    try:
+        return bk.graph_us(fns)
+    finally:
+        bk.STATE.update(saved)
 
 
 def cublas_fp8_tflops():
