@@ -37,23 +37,21 @@ def main(args):
     kinds = list(dict.fromkeys(r["kind"] for r in rows if "kind" in r and "us" in r))
     if not t:
         return
+    head = " | ".join(f"{k} us" for k in kinds) + " | kq_w4a8 speed-up over " + " | over ".join(
+        k for k in kinds if k != "kq_w4a8") + " |"
     if paired:    # one row per case and size, each cell "burst / sustained" (or burst alone)
-        sizes = list(dict.fromkeys((c, n) for c, n, _ in t))
-        print("\neach cell: burst / sustained\n| case | tokens | " + " | ".join(f"{k} us" for k in kinds) +
-              " | kq_w4a8 speed-up over " + " | over ".join(k for k in kinds if k != "kq_w4a8") + " |")
-        for c, n in sizes:
+        print("\neach cell: burst / sustained\n| case | tokens | " + head)
+        for c, n in dict.fromkeys((c, n) for c, n, _ in t):
             modes = [t[(c, n, m)] for m in ("burst", "sustained") if (c, n, m) in t]
             cells = [_pair([f"{v[k]:.0f}" if k in v else "-" for v in modes]) for k in kinds]
             ratios = [_pair([_ratio(v, k) for v in modes]) for k in kinds if k != "kq_w4a8"]
             print(f"| {c} | {n} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
         return
-    print("\n| case | tokens | mode | " + " | ".join(f"{k} us" for k in kinds) + " | kq_w4a8 speed-up over " +
-          " | over ".join(k for k in kinds if k != "kq_w4a8") + " |")
+    print("\n| case | tokens | mode | " + head)
     for (c, n, m), v in t.items():
         cells = [f"{v[k]:.0f}" if k in v else "-" for k in kinds]
         ratios = [_ratio(v, k) for k in kinds if k != "kq_w4a8"]
         print(f"| {c} | {n} | {m} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
-
 
 def _pair(cells):
     """'burst / sustained', or '-' where neither was measured."""

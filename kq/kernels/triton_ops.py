@@ -248,7 +248,8 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, expert_map
     blk_e = torch.empty(nb, dtype=torch.int32, device=dev)
     blk_s = torch.empty(nb, dtype=torch.int32, device=dev)
     blk_c = torch.empty(nb, dtype=torch.int32, device=dev)
-    emap = expert_map.to(device=dev, dtype=torch.int32).contiguous() if expert_map is not None else ids
+    has_map = expert_map is not None
+    emap = expert_map.to(device=dev, dtype=torch.int32).contiguous() if has_map else ids
     e_pad = triton.next_power_of_2(num_experts + 1)
     if p < SORTED_ALIGN_MIN_PAIRS:
         # every program reads all pairs twice, 256 a step (2048 from 8192 pairs, where a raised
@@ -256,14 +257,13 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, expert_map
         chunk = 256 if p < 8192 else 2048
         moe_align_kernel[(num_experts + 1,)](
             ids, emap, p, num_experts, nb, pairs, blk_e, blk_s, blk_c,
-            HAS_MAP=expert_map is not None, E_PAD=e_pad, CHUNK=chunk, BLOCK_M=block_m,
+            HAS_MAP=has_map, E_PAD=e_pad, CHUNK=chunk, BLOCK_M=block_m,
             num_warps=4 if chunk == 256 else 8)
         return pairs, blk_e, blk_s, blk_c
     # prefill sizes: chunks counted, sorted and scattered (moe_routing.py), O(P) work in three launches
     chunk = 1024
     n_chunks = triton.cdiv(p, chunk)
     counts = torch.empty(n_chunks, e_pad, dtype=torch.int32, device=dev)
-    has_map = expert_map is not None
     moe_chunk_count_kernel[(n_chunks,)](ids, emap, p, counts, HAS_MAP=has_map, E_PAD=e_pad, CHUNK=chunk, num_warps=4)
     moe_chunk_scatter_kernel[(n_chunks,)](ids, emap, p, counts, n_chunks, pairs, HAS_MAP=has_map, E_PAD=e_pad,
                                           CHUNK=chunk, num_warps=8)
